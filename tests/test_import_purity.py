@@ -1,0 +1,50 @@
+"""The pure cores import in a process where torch, vllm, nixl and torch.distributed cannot be imported."""
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+PURE_MODULES = [
+    "pivotrl.scheduler",
+    "pivotrl.planner",
+    "pivotrl.gps.layout",
+    "pivotrl.gps.placement",
+    "pivotrl.gps.plan",
+    "pivotrl.sim",
+]
+
+BLOCKER = """
+import sys
+class _Block:
+    BLOCKED = ("torch", "vllm", "nixl", "nixl_cu12", "nixl_cu13")
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.BLOCKED:
+            raise ImportError(f"pure core imported {name}")
+        return None
+sys.meta_path.insert(0, _Block())
+import importlib
+importlib.import_module(sys.argv[1])
+leaked = [m for m in sys.modules if m.split(".")[0] in _Block.BLOCKED]
+assert not leaked, leaked
+"""
+
+
+def _exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_core_imports_without_torch(module: str) -> None:
+    if not _exists(module):
+        pytest.skip(f"{module} not built yet")
+    proc = subprocess.run([sys.executable, "-c", BLOCKER, module], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_blocker_really_blocks() -> None:
+    proc = subprocess.run([sys.executable, "-c", BLOCKER, "torch"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "pure core imported torch" in proc.stderr
