@@ -1,0 +1,77 @@
+"""The shared waiting queue of a role (paper §6.1, footnote 3).
+
+A priority queue of sequences; by default ascending ``seq_id`` (veRL's order), with a customizable
+key. Ties on the key fall back to ``seq_id``, so the order is total and deterministic.
+Invariant: a ``seq_id`` is in the queue at most once.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+__all__ = ["WaitingSequence", "WaitingQueue", "QueueKey"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WaitingSequence:
+    """A sequence waiting for a replica; ``generated_tokens`` survive migration (it resumes)."""
+
+    seq_id: int
+    prompt_tokens: int
+    generated_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.generated_tokens
+
+
+QueueKey = Callable[[WaitingSequence], Any]
+
+
+def _by_seq_id(seq: WaitingSequence) -> int:
+    return seq.seq_id
+
+
+class WaitingQueue:
+    """Heap of waiting sequences ordered by ``(key(seq), seq_id)``."""
+
+    __slots__ = ("_heap", "_key", "_ids")
+
+    def __init__(self, key: QueueKey | None = None) -> None:
+        self._key: QueueKey = key or _by_seq_id
+        self._heap: list[tuple[Any, int, WaitingSequence]] = []
+        self._ids: set[int] = set()
+
+    def push(self, seq: WaitingSequence) -> None:
+        if seq.seq_id in self._ids:
+            raise ValueError(f"seq_id {seq.seq_id} is already waiting")
+        self._ids.add(seq.seq_id)
+        heapq.heappush(self._heap, (self._key(seq), seq.seq_id, seq))
+
+    def peek(self) -> WaitingSequence:
+        return self._heap[0][2]
+
+    def pop(self) -> WaitingSequence:
+        seq = heapq.heappop(self._heap)[2]
+        self._ids.discard(seq.seq_id)
+        return seq
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._ids
+
+    def __iter__(self) -> Iterator[WaitingSequence]:
+        """Waiting sequences in queue order (a sorted copy; O(n log n))."""
+        return (item[2] for item in sorted(self._heap, key=lambda item: item[:2]))
+
+    def num_tokens(self) -> int:
+        return sum(item[2].num_tokens for item in self._heap)
+
+    def copy(self) -> "WaitingQueue":
+        other = WaitingQueue(self._key)
+        other._heap = list(self._heap)
+        other._ids = set(self._ids)
+        return other
