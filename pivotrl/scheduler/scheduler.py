@@ -151,11 +151,15 @@ class ShiftAwareScheduler:
         return snap
 
     # ------------------------------------------------------------------ Alg. 2
-    def dispatch(self, replica_ids: Iterable[ReplicaId] | None = None) -> list[Action]:
-        """Dispatch(Q, R): pop the queue head to the arg-max ΔT replica until the head fits nowhere."""
+    def dispatch(self, replica_ids: Iterable[ReplicaId] | None = None, max_seqs: int | None = None) -> list[Action]:
+        """Dispatch(Q, R): pop the queue head to the arg-max ΔT replica until the head fits nowhere.
+
+        ``replica_ids`` restricts R (default: every replica); ``max_seqs`` stops after that many.
+        Ties in ΔT go to the replica registered in the lowest free slot (deterministic).
+        """
         mask = self._mask(replica_ids)
         actions: list[Action] = []
-        while len(self.queue):
+        while len(self.queue) and (max_seqs is None or len(actions) < max_seqs):
             head = self.queue.peek()
             slot = self._best_slot(head.num_tokens, mask)
             if slot is None:
@@ -192,7 +196,7 @@ class ShiftAwareScheduler:
         for rid in replica_ids:
             actions += self.abort(rid, "all")
             self._table.remove(rid)
-        return actions + self.dispatch()
+        return _net(actions + self.dispatch())
 
     def shift_up(self, replicas: Sequence[ReplicaSpec]) -> list[Action]:
         """ShiftUpMigration: drain the queue into the new replicas, then migrate while T improves."""
@@ -201,8 +205,8 @@ class ShiftAwareScheduler:
         actions = self.dispatch([spec.replica_id for spec in replicas])
         actions += self.dispatch()  # sequences the new replicas could not take may fit elsewhere
         if len(self.queue):
-            return actions  # capacity is exhausted: migration would only reshuffle a full role
-        return actions + self._migrate()
+            return _net(actions)  # capacity is exhausted: migration would only reshuffle a full role
+        return _net(actions + self._migrate())
 
     def _migrate(self) -> list[Action]:
         table = self._table
@@ -329,3 +333,28 @@ class ShiftAwareScheduler:
             model = table.models[slot]
             assert model is not None and abs(table.T[slot] - model.throughput(tokens, len(members))) <= 1e-9 * max(1.0, table.T[slot])
         assert sum(len(table.members[s]) for s in table.slot_of.values()) == len(self._running)
+
+
+def _net(actions: list[Action]) -> list[Action]:
+    """Collapse one call's actions to what an engine must do: every Abort, then every Dispatch.
+
+    A sequence dispatched and migrated within the same call is dispatched once, to where it ended;
+    a sequence migrated back to where it started produces no action at all.
+    """
+    origin: dict[int, ReplicaId | None] = {}
+    final: dict[int, Action] = {}
+    for a in actions:
+        origin.setdefault(a.seq_id, a.replica_id if isinstance(a, Abort) else None)
+        final[a.seq_id] = a
+    aborts: list[Action] = []
+    dispatches: list[Action] = []
+    for seq_id, start in origin.items():
+        end = final[seq_id]
+        end_replica = end.replica_id if isinstance(end, Dispatch) else None
+        if start is not None and start == end_replica:
+            continue
+        if start is not None:
+            aborts.append(Abort(seq_id, start, end.generated_tokens))
+        if end_replica is not None:
+            dispatches.append(Dispatch(seq_id, end_replica, end.generated_tokens))
+    return aborts + dispatches

@@ -112,7 +112,8 @@ class ThroughputModel:
         multiplicative noise) and keep the best split whose kink ``B/C`` lies inside it. Noiseless
         samples that span both sides of the kink are recovered exactly. When every sample sits on one
         side, the unobservable constant is placed at the edge of the data (kink at the smallest or
-        largest observed ``num_seqs``) and the fit says nothing beyond it.
+        largest observed ``num_seqs``; with only memory-bound samples B + D is reported as B) and the
+        fit says nothing beyond the data.
         """
         data = np.asarray([tuple(s) for s in samples], dtype=np.float64)
         if data.ndim != 2 or data.shape[1] != 3:
@@ -123,19 +124,21 @@ class ThroughputModel:
             raise ValueError("ThroughputModel.fit: samples need finite values, num_seqs > 0 and latency_s > 0")
         tokens, seqs, lat = data[:, 0], data[:, 1], data[:, 2]
         levels = np.unique(seqs)
-        best: tuple[bool, float, np.ndarray, int] | None = None
+        tol = 1e-9 * float(np.median(lat))
+        fits: list[tuple[bool, float, int, np.ndarray]] = []
         for k in range(len(levels) + 1):
             left = seqs <= (levels[k - 1] if k > 0 else -np.inf)
             params, residual = _nnls_split(tokens, seqs, lat, left)
             params = _fill_unobserved(params, levels, k)
             lo = levels[k - 1] if k > 0 else 0.0
             hi = levels[k] if k < len(levels) else np.inf
-            consistent = params[2] * lo <= params[1] * (1 + 1e-9) + 1e-15 and params[1] <= params[2] * hi * (1 + 1e-9) + 1e-15
-            key = (not consistent, residual)
-            if best is None or key < (best[0], best[1]):
-                best = (not consistent, residual, params, k)
-        assert best is not None
-        A, B, C, D = (float(x) for x in best[2])
+            consistent = params[2] * lo <= params[1] + tol and params[1] <= params[2] * hi + tol
+            fits.append((consistent, residual, k, params))
+        pool = [f for f in fits if f[0]] or fits
+        floor = min(f[1] for f in pool)
+        # among equally good splits (degenerate data), put the kink as far right as the data allows
+        best = max((f for f in pool if f[1] <= floor + 1e-7), key=lambda f: f[2])
+        A, B, C, D = (float(x) for x in best[3])
         return cls(A=A, B=B, C=C, D=D)
 
     # ------------------------------------------------------------------ roofline
@@ -187,6 +190,7 @@ def _fill_unobserved(params: np.ndarray, levels: np.ndarray, k: int) -> np.ndarr
     A, B, C, D = params
     if k == 0:  # every sample compute bound: B only known to be <= C·min(num_seqs)
         B = C * levels[0]
-    elif k == len(levels):  # every sample memory bound: C only known to be <= B/max(num_seqs)
+    elif k == len(levels):  # every sample memory bound: only B + D is observable, C <= B/max(num_seqs)
+        B, D = B + D, 0.0
         C = B / levels[-1]
     return np.array([A, B, C, D])

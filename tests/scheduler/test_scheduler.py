@@ -1,0 +1,222 @@
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pivotrl.scheduler import Abort, Dispatch, ReplicaSpec, ShiftAwareScheduler, ThroughputModel, WaitingSequence
+
+MODELS = [
+    ThroughputModel(A=2e-8, B=0.010, C=4e-4, D=0.002),
+    ThroughputModel(A=5e-8, B=0.004, C=1e-3, D=0.001),
+    ThroughputModel(A=1e-8, B=0.030, C=2e-4, D=0.004),
+]
+
+replica_specs = st.lists(
+    st.tuples(st.sampled_from(range(len(MODELS))), st.integers(500, 20_000)), min_size=1, max_size=6)
+seqs = st.lists(st.tuples(st.integers(1, 2_000), st.integers(0, 3_000)), min_size=1, max_size=60)
+
+
+def build(specs: list[tuple[int, int]], sequences: list[tuple[int, int]]) -> ShiftAwareScheduler:
+    s = ShiftAwareScheduler()
+    for rid, (m, cap) in enumerate(specs):
+        s.add_replica(rid, MODELS[m], cap)
+    for sid, (prompt, gen) in enumerate(sequences):
+        s.submit(sid, prompt, gen)
+    return s
+
+
+def brute_force_gains(s: ShiftAwareScheduler, seq_tokens: int) -> dict[int, float]:
+    """ΔT of every replica with room, from the throughput model alone."""
+    out = {}
+    for rid in s.replica_ids:
+        v = s.replica(rid)
+        if v.num_tokens + seq_tokens <= v.kv_capacity_tokens:
+            out[rid] = v.model.gain(v.num_tokens, v.num_seqs, seq_tokens)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(replica_specs, seqs)
+def test_dispatch_is_the_brute_force_argmax_and_stops_at_a_blocked_head(specs, sequences) -> None:
+    s = build(specs, sequences)
+    while len(s.queue):
+        head = s.queue.peek()
+        gains = brute_force_gains(s, head.num_tokens)
+        actions = s.dispatch(max_seqs=1)
+        if not gains:  # the head fits nowhere: it waits at the head and nothing else moves
+            assert actions == [] and s.queue.peek() == head
+            break
+        (first,) = actions
+        assert isinstance(first, Dispatch) and first.seq_id == head.seq_id
+        assert gains[first.replica_id] == pytest.approx(max(gains.values()), rel=1e-9, abs=1e-12)
+        s.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(replica_specs, seqs, st.data())
+def test_shift_down_evacuates_and_conserves(specs, sequences, data) -> None:
+    s = build(specs, sequences)
+    s.dispatch()
+    before = {q.seq_id: q.generated_tokens for q in s.queue}
+    for rid in s.replica_ids:
+        before.update({q.seq_id: q.generated_tokens for q in s.sequences_on(rid)})
+    leaving = data.draw(st.lists(st.sampled_from(s.replica_ids), unique=True, min_size=1))
+    actions = s.shift_down(leaving)
+    s.check_invariants()
+    assert not set(leaving) & set(s.replica_ids)
+    after = {q.seq_id: q.generated_tokens for q in s.queue}
+    for rid in s.replica_ids:
+        after.update({q.seq_id: q.generated_tokens for q in s.sequences_on(rid)})
+    assert after == before  # nothing lost or duplicated; generated tokens survive
+    aborted = [a for a in actions if isinstance(a, Abort)]
+    assert all(a.replica_id in leaving for a in aborted)
+    assert all(isinstance(a, Abort) or a.replica_id not in leaving for a in actions)
+
+
+@settings(max_examples=60, deadline=None)
+@given(replica_specs, seqs, st.lists(st.tuples(st.sampled_from(range(3)), st.integers(500, 20_000)), min_size=1, max_size=3))
+def test_shift_up_never_lowers_aggregate_throughput(specs, sequences, new) -> None:
+    s = build(specs, sequences)
+    s.dispatch()
+    for rid in s.replica_ids:  # sequences have been generating for a while
+        s.advance(rid, 7)
+    waiting_before = len(s.queue)
+    t_before = s.aggregate_throughput()
+    gen_before = {q.seq_id: q.generated_tokens for rid in s.replica_ids for q in s.sequences_on(rid)}
+    actions = s.shift_up([ReplicaSpec(replica_id=100 + i, model=MODELS[m], kv_capacity_tokens=c) for i, (m, c) in enumerate(new)])
+    s.check_invariants()
+    if waiting_before == 0:
+        assert s.aggregate_throughput() >= t_before * (1 - 1e-12)
+    for a in actions:  # a migrated sequence resumes with the tokens it had
+        if a.seq_id in gen_before:
+            assert a.generated_tokens == gen_before[a.seq_id]
+    # every migration was an abort followed by a dispatch of the same sequence
+    migrations = [a for a in actions if isinstance(a, Abort)]
+    assert len(migrations) <= len(gen_before)
+
+
+def test_shift_up_migrates_from_busy_replica_to_empty_one() -> None:
+    m = MODELS[0]
+    s = ShiftAwareScheduler()
+    s.add_replica("a", m, 10**7)
+    for i in range(64):
+        s.submit(i, 100 + i)
+    s.dispatch()
+    t0 = s.aggregate_throughput()
+    actions = s.shift_up([ReplicaSpec(replica_id="b", model=m, kv_capacity_tokens=10**7)])
+    assert s.replica("b").num_seqs > 0 and s.aggregate_throughput() > t0
+    moved = [a.seq_id for a in actions if isinstance(a, Abort)]
+    assert moved[0] == 0  # the shortest sequence of the busiest replica goes first
+    assert [a.seq_id for a in actions if isinstance(a, Dispatch)] == moved
+
+
+def test_abort_shortest_and_custom_queue_key() -> None:
+    s = ShiftAwareScheduler(queue_key=lambda q: -q.num_tokens)  # longest first
+    s.add_replica(0, MODELS[0], 10**6)
+    for sid, prompt in enumerate([50, 500, 5]):
+        s.submit(sid, prompt)
+    assert [a.seq_id for a in s.dispatch()] == [1, 0, 2]
+    s.advance(0, 10)
+    assert s.abort(0, "shortest") == [Abort(2, 0, 10)]
+    assert s.queue.peek() == WaitingSequence(seq_id=2, prompt_tokens=5, generated_tokens=10)
+    with pytest.raises(ValueError, match="which"):
+        s.abort(0, "longest")  # type: ignore[arg-type]
+
+
+def test_bad_input_is_named() -> None:
+    s = ShiftAwareScheduler()
+    s.add_replica(0, MODELS[0], 1000)
+    with pytest.raises(ValueError, match="already exists"):
+        s.add_replica(0, MODELS[0], 1000)
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        s.add_replica(1, MODELS[0], 0)
+    with pytest.raises(KeyError, match="unknown replica"):
+        s.shift_down([7])
+    s.submit(1, 10)
+    with pytest.raises(ValueError, match="already live"):
+        s.submit(1, 10)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        s.submit(2, 0)
+    s.dispatch()
+    with pytest.raises(ValueError, match="still runs"):
+        s.remove_replica(0)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Random submit/dispatch/abort/advance/finish/shift sequences keep every sequence in one place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = ShiftAwareScheduler()
+        self.live: dict[int, int] = {}  # seq_id -> prompt tokens
+        self.next_seq = 0
+        self.next_replica = 0
+        self.grown: set = set()
+
+    @rule(m=st.sampled_from(range(3)), cap=st.integers(200, 30_000))
+    def add_replicas(self, m: int, cap: int) -> None:
+        actions = self.s.shift_up([ReplicaSpec(replica_id=self.next_replica, model=MODELS[m], kv_capacity_tokens=cap)])
+        self.next_replica += 1
+        self._check_actions(actions)
+
+    @rule(prompt=st.integers(1, 3000), gen=st.integers(0, 500))
+    def submit(self, prompt: int, gen: int) -> None:
+        self.s.submit(self.next_seq, prompt, gen)
+        self.live[self.next_seq] = prompt
+        self.next_seq += 1
+
+    @rule()
+    def dispatch(self) -> None:
+        self._check_actions(self.s.dispatch())
+
+    @precondition(lambda self: self.s.replica_ids)
+    @rule(data=st.data(), which=st.sampled_from(["all", "shortest"]))
+    def abort(self, data, which: str) -> None:
+        rid = data.draw(st.sampled_from(self.s.replica_ids))
+        self.s.abort(rid, which)
+
+    @precondition(lambda self: self.s.replica_ids)
+    @rule(data=st.data(), k=st.integers(1, 50))
+    def advance(self, data, k: int) -> None:
+        rid = data.draw(st.sampled_from(self.s.replica_ids))
+        self.s.advance(rid, k)
+        self.grown.add(rid)
+
+    @precondition(lambda self: self.s.num_running)
+    @rule(data=st.data())
+    def finish(self, data) -> None:
+        running = sorted(sid for sid in self.live if self.s.where(sid) is not None)
+        sid = data.draw(st.sampled_from(running))
+        self.s.finish(sid)
+        del self.live[sid]
+
+    @precondition(lambda self: len(self.s.replica_ids) > 1)
+    @rule(data=st.data())
+    def shift_down(self, data) -> None:
+        rid = data.draw(st.sampled_from(self.s.replica_ids))
+        self._check_actions(self.s.shift_down([rid]))
+        self.grown.discard(rid)
+
+    def _check_actions(self, actions) -> None:
+        for a in actions:
+            if isinstance(a, Dispatch):
+                assert self.s.where(a.seq_id) is not None or any(
+                    isinstance(b, Abort) and b.seq_id == a.seq_id for b in actions)
+
+    @invariant()
+    def every_sequence_in_exactly_one_place(self) -> None:
+        self.s.check_invariants()
+        queued = [q.seq_id for q in self.s.queue]
+        running = [q.seq_id for rid in self.s.replica_ids for q in self.s.sequences_on(rid)]
+        assert sorted(queued + running) == sorted(self.live)
+        for rid in self.s.replica_ids:
+            v = self.s.replica(rid)
+            if rid not in self.grown:  # only generation itself may outgrow the KV capacity
+                assert v.num_tokens <= v.kv_capacity_tokens
+            assert math.isfinite(v.throughput)
+
+
+SchedulerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestSchedulerMachine = SchedulerMachine.TestCase
