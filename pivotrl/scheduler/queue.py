@@ -7,14 +7,12 @@ Invariant: a ``seq_id`` is in the queue at most once.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 __all__ = ["WaitingSequence", "WaitingQueue", "QueueKey"]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WaitingSequence:
+class WaitingSequence(NamedTuple):
     """A sequence waiting for a replica; ``generated_tokens`` survive migration (it resumes)."""
 
     seq_id: int

@@ -46,7 +46,14 @@ class ReplicaView:
 
 
 class ReplicaTable:
-    """Slot arrays of replica state plus per-replica sets and shortest-first heaps of sequences."""
+    """Per-slot replica state: Python scalars for bookkeeping, numpy vectors for the ΔT arg-max.
+
+    The vectors hold the terms of ΔT that change only when a slot changes, so scoring one sequence
+    against all replicas is five array operations: ``n1 / (At + A·l + K) - T`` with
+    ``n1 = n + 1`` and ``base = A·t + max(B, C·n1) + D``, plus the room test ``free >= l``.
+    """
+
+    _VECTORS = ("A", "n1", "base", "T", "free")
 
     def __init__(self, headroom_tokens: int = 0) -> None:
         self.headroom = float(headroom_tokens)
@@ -55,30 +62,29 @@ class ReplicaTable:
         self.models: list[ThroughputModel | None] = []
         self.members: list[set[int]] = []
         self.shortest: list[list[tuple[int, int, int]]] = []  # (prompt+gen_offset, seq_id, stamp)
+        self.n: list[int] = []  # running sequences
+        self.t: list[int] = []  # KV tokens held
+        self.cap: list[int] = []
+        self.iteration: list[int] = []  # decode iterations since the replica joined
         self.free_slots: list[int] = []
+        for name in self._VECTORS:
+            setattr(self, name, np.zeros(0))
         self._alloc(8)
 
     def _alloc(self, size: int) -> None:
         old = len(self.ids)
         grow = size - old
-
-        def extend(arr: np.ndarray | None, fill: float) -> np.ndarray:
-            new = np.full(size, fill, dtype=np.float64)
-            if arr is not None:
-                new[:old] = arr
-            return new
-
-        get = self.__dict__.get
-        self.n = extend(get("n"), 0.0)
-        self.t = extend(get("t"), 0.0)
-        self.cap = extend(get("cap"), -np.inf)
-        self.A, self.B, self.C, self.D = (extend(get(k), v) for k, v in (("A", 0.0), ("B", 1.0), ("C", 0.0), ("D", 0.0)))
-        self.T = extend(get("T"), 0.0)
-        self.iteration = np.concatenate([get("iteration", np.zeros(0, np.int64)), np.zeros(grow, np.int64)])
+        for name in self._VECTORS:
+            fill = -np.inf if name == "free" else (1.0 if name == "base" else 0.0)
+            setattr(self, name, np.concatenate([getattr(self, name), np.full(grow, fill)]))
         self.ids += [None] * grow
         self.models += [None] * grow
         self.members += [set() for _ in range(grow)]
         self.shortest += [[] for _ in range(grow)]
+        self.n += [0] * grow
+        self.t += [0] * grow
+        self.cap += [0] * grow
+        self.iteration += [0] * grow
         self.free_slots = sorted(set(self.free_slots) | set(range(old, size)), reverse=True)
 
     # ------------------------------------------------------------------ replicas
@@ -92,18 +98,19 @@ class ReplicaTable:
         slot = self.free_slots.pop()
         self.slot_of[replica_id] = slot
         self.ids[slot], self.models[slot] = replica_id, model
-        self.n[slot] = self.t[slot] = self.T[slot] = 0.0
-        self.iteration[slot] = 0
-        self.cap[slot] = float(kv_capacity_tokens)
-        self.A[slot], self.B[slot], self.C[slot], self.D[slot] = model.A, model.B, model.C, model.D
+        self.n[slot] = self.t[slot] = self.iteration[slot] = 0
+        self.cap[slot] = int(kv_capacity_tokens)
+        self.A[slot] = model.A
+        self.refresh(slot)
         return slot
 
     def remove(self, replica_id: ReplicaId) -> None:
-        slot = self.slot_of.pop(replica_id)
+        slot = self.slot_of[replica_id]
         if self.members[slot]:
             raise ValueError(f"replica {replica_id!r} still runs {len(self.members[slot])} sequences")
+        del self.slot_of[replica_id]
         self.ids[slot] = self.models[slot] = None
-        self.cap[slot], self.T[slot] = -np.inf, 0.0
+        self.free[slot], self.T[slot] = -np.inf, 0.0
         self.shortest[slot].clear()
         self.free_slots.append(slot)
 
@@ -111,30 +118,52 @@ class ReplicaTable:
         s = self.slot_of[replica_id]
         model = self.models[s]
         assert model is not None
-        return ReplicaView(replica_id=replica_id, model=model, kv_capacity_tokens=int(self.cap[s]),
-                           num_seqs=int(self.n[s]), num_tokens=int(self.t[s]), throughput=float(self.T[s]))
+        return ReplicaView(replica_id=replica_id, model=model, kv_capacity_tokens=self.cap[s],
+                           num_seqs=self.n[s], num_tokens=self.t[s], throughput=float(self.T[s]))
 
     # ------------------------------------------------------------------ state updates
-    def refresh(self, slot: int) -> None:
-        """Recompute the slot's throughput from its (num_tokens, num_seqs)."""
-        n = self.n[slot]
-        if n <= 0:
-            self.T[slot] = 0.0
-            return
-        lat = self.A[slot] * self.t[slot] + max(self.B[slot], self.C[slot] * n) + self.D[slot]
-        self.T[slot] = n / lat
+    def change(self, slot: int, delta_seqs: int, delta_tokens: int) -> None:
+        """Apply a change of the slot's sequences/tokens and refresh its vector terms."""
+        self.n[slot] += delta_seqs
+        self.t[slot] = self.t[slot] + delta_tokens if self.n[slot] else 0
+        self.refresh(slot)
 
-    def gains(self, seq_tokens: float, exclude_full: bool = True) -> np.ndarray:
+    def refresh(self, slot: int) -> None:
+        model = self.models[slot]
+        assert model is not None
+        n, t = self.n[slot], self.t[slot]
+        n1 = n + 1
+        self.n1[slot] = n1
+        self.base[slot] = model.A * t + max(model.B, model.C * n1) + model.D
+        self.T[slot] = n / (model.A * t + max(model.B, model.C * n) + model.D) if n else 0.0
+        self.free[slot] = self.cap[slot] - t - self.headroom * n1
+
+    def gains(self, seq_tokens: float) -> np.ndarray:
         """ΔT of adding a ``seq_tokens`` sequence to every slot; -inf where it does not fit."""
-        n1 = self.n + 1.0
-        lat = self.A * (self.t + seq_tokens) + np.maximum(self.B, self.C * n1) + self.D
-        gain = n1 / lat - self.T
-        if exclude_full:
-            gain[self.cap - self.t - self.headroom * n1 < seq_tokens] = -np.inf
+        gain = self.A * seq_tokens
+        gain += self.base
+        np.divide(self.n1, gain, out=gain)
+        gain -= self.T
+        gain[self.free < seq_tokens] = -np.inf
         return gain
 
+    def best_slot(self, seq_tokens: float, mask: np.ndarray | None = None) -> int | None:
+        """Arg-max ΔT among slots with room (and in ``mask``); None if the sequence fits nowhere."""
+        gain = self.A * seq_tokens
+        gain += self.base
+        np.divide(self.n1, gain, out=gain)
+        gain -= self.T
+        if mask is not None:
+            gain[~mask[: len(gain)]] = -np.inf
+        slot = int(gain.argmax())
+        if self.free[slot] >= seq_tokens and (mask is None or gain[slot] > -np.inf):
+            return slot  # the unconstrained arg-max has room: it is the constrained one too
+        gain[self.free < seq_tokens] = -np.inf
+        slot = int(gain.argmax())
+        return slot if gain[slot] > -np.inf else None
+
     def fits(self, slot: int, seq_tokens: float) -> bool:
-        return self.cap[slot] - self.t[slot] - self.headroom * (self.n[slot] + 1) >= seq_tokens
+        return bool(self.free[slot] >= seq_tokens)
 
     def aggregate_throughput(self) -> float:
         return float(self.T.sum())
@@ -147,7 +176,9 @@ class ReplicaTable:
         other.members = [set(m) for m in self.members]
         other.shortest = [list(h) for h in self.shortest]
         other.free_slots = list(self.free_slots)
-        for name in ("n", "t", "cap", "A", "B", "C", "D", "T", "iteration"):
+        for name in ("n", "t", "cap", "iteration"):
+            setattr(other, name, list(getattr(self, name)))
+        for name in self._VECTORS:
             setattr(other, name, getattr(self, name).copy())
         return other
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Literal, Sequence
+from typing import Hashable, Iterable, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,8 +37,7 @@ ReplicaId = Hashable
 _IMPROVEMENT_RTOL = 1e-12  # a migration must raise aggregate throughput by more than this fraction
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatch:
+class Dispatch(NamedTuple):
     """Start (or resume) ``seq_id`` on ``replica_id`` from its prompt plus ``generated_tokens``."""
 
     seq_id: int
@@ -46,8 +45,7 @@ class Dispatch:
     generated_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class Abort:
+class Abort(NamedTuple):
     """Stop ``seq_id`` on ``replica_id``; it keeps its ``generated_tokens`` and waits in the queue."""
 
     seq_id: int
@@ -129,20 +127,18 @@ class ShiftAwareScheduler:
         """Every sequence on the replica generated ``num_iterations`` more tokens (O(1))."""
         slot = self._table.slot_of[replica_id]
         self._table.iteration[slot] += num_iterations
-        self._table.t[slot] += num_iterations * self._table.n[slot]
-        self._table.refresh(slot)
+        self._table.change(slot, 0, num_iterations * self._table.n[slot])
 
     def set_generated(self, seq_id: int, generated_tokens: int) -> None:
         """Record the exact generated-token count an engine reported for a running sequence."""
         rec = self._running[seq_id]
         slot = rec[0]
-        new_offset = generated_tokens - int(self._table.iteration[slot])
-        self._table.t[slot] += new_offset - rec[2]
+        new_offset = generated_tokens - self._table.iteration[slot]
+        self._table.change(slot, 0, new_offset - rec[2])
         rec[2] = new_offset
         self._stamp += 1
         rec[3] = self._stamp
         self._table.push_shortest(slot, rec[1] + new_offset, seq_id, self._stamp)
-        self._table.refresh(slot)
 
     def finish(self, seq_id: int) -> WaitingSequence:
         """A running sequence completed: free its replica share. Returns its final state."""
@@ -239,13 +235,14 @@ class ShiftAwareScheduler:
         seq_id = self._peek_shortest(src)
         if seq_id is None:
             return None
-        before = table.aggregate_throughput()
+        before = table.T[src]
         snap = self._snapshot(seq_id)
         self._detach(seq_id)
         gains = table.gains(snap.num_tokens)
-        dst = int(np.argmax(gains))
-        improvement = gains[dst] - (before - table.aggregate_throughput())
-        if dst == src or not np.isfinite(gains[dst]) or improvement <= _IMPROVEMENT_RTOL * max(before, 1e-300):
+        dst = int(gains.argmax())
+        improvement = gains[dst] - (before - table.T[src])
+        scale = max(table.aggregate_throughput(), 1e-300)
+        if dst == src or not np.isfinite(gains[dst]) or improvement <= _IMPROVEMENT_RTOL * scale:
             self._attach(snap, src, check_capacity=False)  # restore the state it just left
             return None
         self._attach(snap, dst)
@@ -268,38 +265,28 @@ class ShiftAwareScheduler:
         return mask
 
     def _best_slot(self, seq_tokens: int, mask: np.ndarray | None) -> int | None:
-        gains = self._table.gains(seq_tokens)
-        if mask is not None:
-            gains[~mask[: len(gains)]] = -np.inf
-        slot = int(np.argmax(gains))
-        return slot if gains[slot] > -np.inf else None
+        return self._table.best_slot(seq_tokens, mask)
 
     def _snapshot(self, seq_id: int) -> WaitingSequence:
         slot, prompt, offset, _ = self._running[seq_id]
         return WaitingSequence(seq_id=seq_id, prompt_tokens=prompt,
-                               generated_tokens=offset + int(self._table.iteration[slot]))
+                               generated_tokens=offset + self._table.iteration[slot])
 
     def _attach(self, seq: WaitingSequence, slot: int, check_capacity: bool = True) -> None:
         table = self._table
         assert not check_capacity or table.fits(slot, seq.num_tokens), "dispatch beyond KV capacity"
-        offset = seq.generated_tokens - int(table.iteration[slot])
+        offset = seq.generated_tokens - table.iteration[slot]
         self._stamp += 1
         self._running[seq.seq_id] = [slot, seq.prompt_tokens, offset, self._stamp]
         table.members[slot].add(seq.seq_id)
-        table.n[slot] += 1
-        table.t[slot] += seq.num_tokens
+        table.change(slot, 1, seq.num_tokens)
         table.push_shortest(slot, seq.prompt_tokens + offset, seq.seq_id, self._stamp)
-        table.refresh(slot)
 
     def _detach(self, seq_id: int) -> None:
         slot, prompt, offset, _ = self._running.pop(seq_id)
         table = self._table
         table.members[slot].discard(seq_id)
-        table.n[slot] -= 1
-        table.t[slot] -= prompt + offset + int(table.iteration[slot])
-        if table.n[slot] == 0:
-            table.t[slot] = 0.0
-        table.refresh(slot)
+        table.change(slot, -1, -(prompt + offset + table.iteration[slot]))
 
     def _peek_shortest(self, slot: int) -> int | None:
         heap = self._table.shortest[slot]
@@ -329,7 +316,7 @@ class ShiftAwareScheduler:
             assert all(self._running[s][0] == slot for s in members), f"replica {rid!r}: member bookkeeping"
             tokens = sum(self._snapshot(s).num_tokens for s in members)
             assert table.n[slot] == len(members), f"replica {rid!r}: num_seqs {table.n[slot]} != {len(members)}"
-            assert abs(table.t[slot] - tokens) < 1e-6, f"replica {rid!r}: num_tokens {table.t[slot]} != {tokens}"
+            assert table.t[slot] == tokens, f"replica {rid!r}: num_tokens {table.t[slot]} != {tokens}"
             model = table.models[slot]
             assert model is not None and abs(table.T[slot] - model.throughput(tokens, len(members))) <= 1e-9 * max(1.0, table.T[slot])
         assert sum(len(table.members[s]) for s in table.slot_of.values()) == len(self._running)
