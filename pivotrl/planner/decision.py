@@ -11,6 +11,10 @@ Every strategy returns a ``Decision``; an executor (the runtime, or the simulato
 3. If ``plan.training_up`` the training role takes its whole fixed device set; every replica on it
    is in ``down_replica_ids`` and ``up_replicas`` is empty.
 
+Each ``NewReplica`` names its own role. Plans of the five-step planner only create replicas of
+``up_role``; the ``static`` strategy lends the idle training devices to both inference roles at
+once (its ``up_role`` is then "rollout", the first role it serves).
+
 Invariant (``ShiftPlan.__post_init__`` checks what it can without the state; ``validate`` checks
 the rest): a plan never gives a device two roles: the new replicas' device sets are pairwise
 disjoint, and no new replica lands on a device still held by a replica that is not shifting down.
@@ -61,8 +65,6 @@ class ShiftPlan:
             raise ValueError("ShiftPlan.down_replica_ids must be distinct")
         seen: set[int] = set()
         for rep in self.up_replicas:
-            if rep.role != self.up_role:
-                raise ValueError(f"ShiftPlan: new replica of {rep.role!r} in a {self.up_role!r} shift up")
             if seen & set(rep.device_ids):
                 raise ValueError(f"ShiftPlan: device(s) {sorted(seen & set(rep.device_ids))} given twice")
             seen |= set(rep.device_ids)
@@ -107,6 +109,8 @@ class Strategy(ABC):
     """A planning policy: a pure function from a workload snapshot to a decision."""
 
     name: ClassVar[str]
+    migration: ClassVar[bool] = True  # the executor migrates sequences on a shift (Alg. 3/4)
+    restart_aborted: ClassVar[bool] = False  # aborted sequences lose their generated tokens (no migration)
 
     @abstractmethod
     def plan(self, state: WorkloadState) -> Decision:

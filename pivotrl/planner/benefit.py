@@ -1,0 +1,102 @@
+"""Steps 4 and 5 of the planner: candidate benefit and selection (paper §7.3, Eq. 1).
+
+The overall throughput is the weighted harmonic mean of the inference roles' throughputs
+(Eq. 1)::
+
+    T = (N_rollout + N_reward) / (N_rollout / T_rollout + N_reward / T_reward)
+
+with N counting each role's running and waiting sequences. A role without sequences drops out of
+the mean; a role with sequences and no throughput makes T = 0; with no sequences at all T = 0.
+A candidate raising T from T_current to T_candidate over the horizon H is worth
+B = H·(T_candidate − T_current) − φ tokens.
+
+Every candidate is evaluated on per-role simulators built once from the snapshot: the up role's
+throughput after the shift depends only on how many replicas come up (the paper's first pruning
+intuition), so it is simulated once per count, and the donor role's once per distinct shift-down
+set. Selection: the largest positive benefit; benefits within ``rtol`` of the best count as ties
+and go to the candidate with fewer up-role replicas (so float noise never flips a decision);
+none positive → no shift.
+
+Invariant: N per role is conserved by every simulated shift (sequences move, none vanish).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping, Protocol, Sequence
+
+from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
+
+__all__ = ["RoleModel", "overall_throughput", "CandidateBenefits", "select_best"]
+
+
+class RoleModel(Protocol):
+    """What candidate evaluation needs from one role (``RoleSimulator`` and the ablations)."""
+
+    num_seqs: int
+    throughput: float
+
+    def after_shift_down(self, replica_ids: Iterable[int]) -> float: ...
+
+    def after_shift_up(self, num_new: int) -> float: ...
+
+
+def overall_throughput(num_seqs: Mapping[InferenceRole, int], throughput: Mapping[InferenceRole, float]) -> float:
+    """Eq. 1: the N-weighted harmonic mean of the inference roles' throughputs."""
+    total = 0
+    denom = 0.0
+    for role in INFERENCE_ROLES:
+        n = num_seqs[role]
+        if n <= 0:
+            continue
+        if throughput[role] <= 0:
+            return 0.0
+        total += n
+        denom += n / throughput[role]
+    return total / denom if total else 0.0
+
+
+class CandidateBenefits:
+    """Eq. 1 throughput and benefit of shifts, with per-count and per-down-set caches."""
+
+    def __init__(self, roles: Mapping[InferenceRole, RoleModel], horizon_s: float) -> None:
+        self.roles = roles
+        self.horizon_s = horizon_s
+        self.num_seqs = {r: roles[r].num_seqs for r in INFERENCE_ROLES}
+        self.current = overall_throughput(self.num_seqs, {r: roles[r].throughput for r in INFERENCE_ROLES})
+        self._up: dict[tuple[InferenceRole, int], float] = {}
+        self._down: dict[tuple[InferenceRole, frozenset[int]], float] = {}
+
+    def role_after(self, role: InferenceRole, num_up: int, down: Sequence[int]) -> float:
+        """The role's throughput after ``down`` of its replicas leave or ``num_up`` new ones join."""
+        sim = self.roles[role]
+        if num_up and down:
+            raise ValueError("a role either shifts up or shifts down within one plan")
+        if num_up:
+            key = (role, num_up)
+            if key not in self._up:
+                self._up[key] = sim.after_shift_up(num_up)
+            return self._up[key]
+        if not down:
+            return sim.throughput
+        dkey = (role, frozenset(down))
+        if dkey not in self._down:
+            self._down[dkey] = sim.after_shift_down(down)
+        return self._down[dkey]
+
+    def evaluate(self, up: Mapping[InferenceRole, int], down: Mapping[InferenceRole, Sequence[int]],
+                 penalty: float) -> tuple[float, float]:
+        """(T_candidate, B) of a shift that starts ``up[role]`` and stops ``down[role]`` replicas."""
+        after = {r: self.role_after(r, up.get(r, 0), down.get(r, ())) for r in INFERENCE_ROLES}
+        t_candidate = overall_throughput(self.num_seqs, after)
+        return t_candidate, self.horizon_s * (t_candidate - self.current) - penalty
+
+
+def select_best(benefits: Sequence[float], rtol: float = 1e-9) -> int | None:
+    """Index of the largest positive benefit (earliest among near-ties), or None."""
+    if not benefits:
+        return None
+    best = max(benefits)
+    if not best > 0 or math.isnan(best):
+        return None
+    floor = best - rtol * max(abs(best), 1.0)
+    return next(i for i, b in enumerate(benefits) if b >= floor)
