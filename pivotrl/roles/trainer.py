@@ -1,0 +1,378 @@
+"""The training role (§2.1, §8.1): GRPO on a transformers causal LM with torch AdamW.
+
+GRPO: each sequence's advantage is ``(reward - group mean) / (group std + eps)`` over the kept
+sequences of its group (std with Bessel's correction; a group with one kept sequence, or with equal
+rewards and ``eps = 0``, gives 0); the
+loss is the clipped-ratio objective ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` with
+``r = exp(logp - old_logp)``, averaged over every response token of the batch (prompt, padding and
+dropped sequences are masked). Micro-batches accumulate gradients; with a process group the model is
+wrapped in DDP over that group (gloo on CPU, NCCL on GPUs) and the token mean is global.
+
+Role context (§5.2): parameters (``release_parameters`` / ``load_parameters``, from GPS), offloadable
+optimizer state (``offload_optimizer`` / ``reload_optimizer``, bitwise), temporary gradients
+(``release_temporary``). Invariant: ``step`` runs only when parameters are loaded and the optimizer
+state is resident; every rank of the group runs the same number of micro-batches per step.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    """GRPO and AdamW settings of the training role."""
+
+    lr: float = 1e-6  # AdamW learning rate
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low
+    clip_eps_high: float = 0.2  # ratio clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)
+    adv_eps: float = 1e-6  # added to the group std
+    micro_batch_size: int = 4  # sequences per forward/backward pass
+    max_grad_norm: float | None = 1.0  # global gradient-norm clip; None: no clipping
+    dtype: Literal["float32", "bfloat16"] = "float32"  # parameter and optimizer dtype
+    device: str = "cpu"  # torch device of this rank, e.g. "cuda:0"
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "clip_eps_low", "clip_eps_high", "adv_eps"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size: must be >= 1, got {self.micro_batch_size}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm: must be > 0 or None, got {self.max_grad_norm}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class GRPOBatch:
+    """One rank's share of a step: sequences with their group and reward (None: dropped)."""
+
+    prompt_ids: Sequence[Sequence[int]]
+    response_ids: Sequence[Sequence[int]]
+    group_ids: Sequence[int]
+    rewards: Sequence[float | None]
+    old_logprobs: Sequence[Sequence[float]] | None = None  # per response token; None: taken before the update
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_ids)
+        sizes = [len(self.response_ids), len(self.group_ids), len(self.rewards)]
+        if self.old_logprobs is not None:
+            sizes.append(len(self.old_logprobs))
+        if any(size != n for size in sizes):
+            raise ValueError(f"GRPOBatch: field lengths differ: {[n, *sizes]}")
+        if any(len(r) == 0 for r in self.response_ids) or any(len(p) == 0 for p in self.prompt_ids):
+            raise ValueError("GRPOBatch: every prompt and response needs at least one token")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepStats:
+    loss: float  # the GRPO loss of the step (token mean over the whole group of ranks)
+    num_tokens: int  # response tokens that counted, over all ranks
+    clip_fraction: float  # share of those tokens whose ratio was clipped
+    grad_norm: float  # before clipping
+    num_dropped: int  # sequences of this rank without a reward
+
+
+def group_advantages(rewards: Sequence[float | None], group_ids: Sequence[int], *, eps: float) -> list[float | None]:
+    """GRPO advantages: (reward - group mean) / (group std + eps); None stays None (dropped)."""
+    groups: dict[int, list[float]] = {}
+    for reward, group in zip(rewards, group_ids, strict=True):
+        if reward is not None:
+            groups.setdefault(group, []).append(float(reward))
+    moments = {g: _mean_std(values) for g, values in groups.items()}
+    out: list[float | None] = []
+    for reward, group in zip(rewards, group_ids, strict=True):
+        if reward is None:
+            out.append(None)
+            continue
+        mean, std = moments[group]
+        out.append(0.0 if std is None or std + eps == 0 else (float(reward) - mean) / (std + eps))
+    return out
+
+
+def grpo_token_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    *, clip_eps_low: float, clip_eps_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the clipped-ratio loss over masked tokens, number of clipped tokens).
+
+    Shapes: ``logprobs``, ``old_logprobs``, ``mask``: (batch, tokens); ``advantages``: (batch,).
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages.unsqueeze(-1)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    per_token = torch.maximum(-adv * ratio, -adv * clipped)
+    mask = mask.to(per_token.dtype)
+    num_clipped = ((-adv * clipped > -adv * ratio).to(mask.dtype) * mask).sum()
+    return (per_token * mask).sum(), num_clipped
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log p(token t | tokens < t) for t >= 1: shape (batch, seq - 1), float32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def collate(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, pad_token_id: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, response_mask); ``response_mask`` is aligned with
+    ``token_logprobs`` (position t-1 is 1 when token t is a response token)."""
+    rows = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    response = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+    for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        response[i, len(prompt) - 1 : len(row) - 1] = True
+    return ids.to(device), attention.to(device), response.to(device)
+
+
+class GRPOTrainer:
+    """GRPO over one model; DDP over ``process_group`` when one is given (the caller owns the group)."""
+
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig, *, process_group: Any = None) -> None:
+        self.config = config
+        self.model = model.to(device=config.device, dtype=_DTYPES[config.dtype])
+        self.model.train()
+        self.process_group = process_group
+        self._forward_module = self.model
+        if process_group is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self._forward_module = DistributedDataParallel(
+                self.model, process_group=process_group, broadcast_buffers=False,
+                device_ids=None if config.device == "cpu" else [torch.device(config.device)],
+            )
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+        )
+        self._host_state: dict[int, dict[str, torch.Tensor]] = {}  # reused offload buffers
+        self.is_optimizer_offloaded = False
+        self.are_parameters_loaded = True
+
+    @classmethod
+    def from_pretrained(cls, path: str, config: TrainerConfig, *, process_group: Any = None) -> GRPOTrainer:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype])
+        return cls(model, config, process_group=process_group)
+
+    # ------------------------------------------------------------------ GRPO
+    def compute_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
+        """Per-response-token log-probabilities under the current parameters (no gradient)."""
+        out: list[list[float]] = []
+        with torch.no_grad():
+            for rows in self._micro_batches(len(batch.prompt_ids)):
+                ids, attention, response = self._collate(batch, rows)
+                logp = token_logprobs(self.model, ids, attention)
+                out += [logp[i][response[i]].tolist() for i in range(len(rows))]
+        return out
+
+    def loss(self, batch: GRPOBatch) -> float:
+        """The GRPO loss of ``batch`` at the current parameters (no update)."""
+        with torch.no_grad():
+            loss, _, _ = self._accumulate(batch, backward=False)
+        return loss
+
+    def step(self, batch: GRPOBatch) -> StepStats:
+        """One GRPO update on ``batch`` (this rank's share); returns the step's statistics."""
+        self._require_ready()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, num_tokens, clip_fraction = self._accumulate(batch, backward=True)
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        dropped = sum(r is None for r in batch.rewards)
+        return StepStats(loss=loss, num_tokens=num_tokens, clip_fraction=clip_fraction, grad_norm=grad_norm,
+                         num_dropped=dropped)
+
+    def _accumulate(self, batch: GRPOBatch, *, backward: bool) -> tuple[float, int, float]:
+        """Run every micro-batch; returns (loss, global token count, clip fraction)."""
+        c = self.config
+        advantages = group_advantages(batch.rewards, batch.group_ids, eps=c.adv_eps)
+        old = batch.old_logprobs if batch.old_logprobs is not None else self.compute_logprobs(batch)
+        micro = self._micro_batches(len(batch.prompt_ids))
+        counts = torch.tensor([_num_tokens(batch, advantages), len(micro), -len(micro)], dtype=torch.float64)
+        num_tokens, _, _ = self._all_reduce_counts(counts, len(micro))
+        scale = self._world_size() / max(num_tokens, 1)
+        total = torch.zeros((), dtype=torch.float64)
+        clipped = torch.zeros((), dtype=torch.float64)
+        for index, rows in enumerate(micro):
+            ids, attention, response = self._collate(batch, rows)
+            mask = response & torch.tensor([advantages[i] is not None for i in rows], device=ids.device)[:, None]
+            adv = torch.tensor([advantages[i] or 0.0 for i in rows], dtype=torch.float32, device=ids.device)
+            with self._sync_context(is_last=index == len(micro) - 1, backward=backward):
+                logp = token_logprobs(self._forward_module, ids, attention)
+                old_t = _padded(old, rows, response, device=ids.device)
+                loss_sum, num_clipped = grpo_token_loss(
+                    logp, old_t, adv, mask, clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high
+                )
+                if backward:
+                    (loss_sum * scale).backward()
+            total += loss_sum.detach().double().cpu()
+            clipped += num_clipped.detach().double().cpu()
+        sums = self._all_reduce(torch.stack([total, clipped]))
+        return float(sums[0]) / max(num_tokens, 1), num_tokens, float(sums[1]) / max(num_tokens, 1)
+
+    # ------------------------------------------------------------------ role context (§5.2)
+    def state_dict_hf(self) -> dict[str, torch.Tensor]:
+        """HF-named full parameter tensors (detached views of the live ones: copy before the next step)."""
+        self._require_parameters()
+        return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def optimizer_bytes(self) -> int:
+        states = self._host_state.values() if self.is_optimizer_offloaded else self.optimizer.state.values()
+        return sum(t.numel() * t.element_size() for s in states for t in s.values() if torch.is_tensor(t))
+
+    def gradient_bytes(self) -> int:
+        return sum(p.grad.numel() * p.grad.element_size() for p in self.model.parameters() if p.grad is not None)
+
+    def release_temporary(self) -> int:
+        """Drop gradients; returns the bytes released."""
+        released = self.gradient_bytes()
+        self.optimizer.zero_grad(set_to_none=True)
+        return released
+
+    def release_parameters(self) -> int:
+        """Discard the parameters (GPS holds them); returns the bytes released."""
+        released = self.parameter_bytes() if self.are_parameters_loaded else 0
+        for p in self.model.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.are_parameters_loaded = False
+        return released
+
+    def load_parameters(self, hf_params: Mapping[str, torch.Tensor]) -> int:
+        """Copy HF-named tensors (e.g. a GPS Read) into the parameters; returns the bytes loaded."""
+        named = dict(self.model.named_parameters())
+        missing = sorted(set(named) - set(hf_params))
+        if missing:
+            raise KeyError(f"load_parameters: missing {missing[:4]} ({len(missing)} in all)")
+        device, dtype = torch.device(self.config.device), _DTYPES[self.config.dtype]
+        for name, p in named.items():
+            src = hf_params[name]
+            p.data = torch.empty(src.shape, dtype=dtype, device=device).copy_(src)
+        self.are_parameters_loaded = True
+        return self.parameter_bytes()
+
+    def offload_optimizer(self) -> int:
+        """Copy the optimizer state into reused host buffers and free it on the device; returns bytes."""
+        if self.is_optimizer_offloaded:
+            return 0
+        moved = 0
+        for index, (param, state) in enumerate(self._param_states()):
+            host = self._host_state.setdefault(index, {})
+            for key, value in state.items():
+                if torch.is_tensor(value):
+                    buffer = host.get(key)
+                    if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                        buffer = host[key] = torch.empty_like(value, device="cpu", pin_memory=value.is_cuda)
+                    buffer.copy_(value)
+                    moved += value.numel() * value.element_size()
+            self.optimizer.state[param] = {k: v for k, v in state.items() if not torch.is_tensor(v)}
+        self.is_optimizer_offloaded = True
+        return moved
+
+    def reload_optimizer(self) -> int:
+        """Copy the offloaded optimizer state back to the device (bitwise); returns bytes."""
+        if not self.is_optimizer_offloaded:
+            return 0
+        moved = 0
+        for index, (param, state) in enumerate(self._param_states()):
+            for key, buffer in self._host_state.get(index, {}).items():
+                device = param.device if key != "step" or buffer.is_cuda else buffer.device
+                state[key] = torch.empty_like(buffer, device=device).copy_(buffer)
+                moved += buffer.numel() * buffer.element_size()
+        self.is_optimizer_offloaded = False
+        return moved
+
+    # ------------------------------------------------------------------ internals
+    def _param_states(self) -> list[tuple[torch.nn.Parameter, dict[str, Any]]]:
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return [(p, self.optimizer.state[p]) for p in params if p in self.optimizer.state]
+
+    def _micro_batches(self, n: int) -> list[list[int]]:
+        size = self.config.micro_batch_size
+        return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+
+    def _collate(self, batch: GRPOBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return collate([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows],
+                       pad_token_id=self.config.pad_token_id, device=self.config.device)
+
+    def _sync_context(self, *, is_last: bool, backward: bool) -> Any:
+        import contextlib
+
+        if backward and not is_last and self._forward_module is not self.model:
+            return self._forward_module.no_sync()
+        return contextlib.nullcontext()
+
+    def _world_size(self) -> int:
+        return 1 if self.process_group is None else dist.get_world_size(self.process_group)
+
+    def _all_reduce(self, values: torch.Tensor) -> torch.Tensor:
+        if self.process_group is not None:
+            values = values.to(self._collective_device())
+            dist.all_reduce(values, group=self.process_group)
+        return values.cpu()
+
+    def _all_reduce_counts(self, counts: torch.Tensor, num_micro: int) -> tuple[int, int, int]:
+        """Global token count; raises unless every rank runs ``num_micro`` micro-batches."""
+        total, micro_sum, neg_sum = (int(v) for v in self._all_reduce(counts).tolist())
+        world = self._world_size()
+        if micro_sum != world * num_micro or -neg_sum != world * num_micro:
+            raise ValueError(f"micro_batch_size: ranks run different numbers of micro-batches (this rank {num_micro})")
+        return total, micro_sum, neg_sum
+
+    def _collective_device(self) -> torch.device:
+        backend = dist.get_backend(self.process_group)
+        return torch.device(self.config.device) if backend == "nccl" else torch.device("cpu")
+
+    def _require_parameters(self) -> None:
+        if not self.are_parameters_loaded:
+            raise RuntimeError("parameters are released: load_parameters first")
+
+    def _require_ready(self) -> None:
+        self._require_parameters()
+        if self.is_optimizer_offloaded:
+            raise RuntimeError("optimizer state is offloaded: reload_optimizer first")
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _num_tokens(batch: GRPOBatch, advantages: Sequence[float | None]) -> int:
+    return sum(len(r) for r, a in zip(batch.response_ids, advantages, strict=True) if a is not None)
+
+
+def _padded(
+    old: Sequence[Sequence[float]], rows: list[int], response: torch.Tensor, *, device: torch.device
+) -> torch.Tensor:
+    """Old log-probabilities placed at the response positions of a micro-batch (zeros elsewhere)."""
+    out = torch.zeros(response.shape, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        values = torch.tensor(list(old[row]), dtype=torch.float32)
+        if values.numel() != int(response[i].sum()):
+            raise ValueError(f"old_logprobs[{row}]: {values.numel()} values for {int(response[i].sum())} tokens")
+        out[i][response[i].cpu()] = values
+    return out.to(device)
