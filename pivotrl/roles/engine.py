@@ -225,6 +225,9 @@ class EngineReplica:
         """Sequences in flight on this replica (running or waiting inside the engine)."""
         return len(self._seqs)
 
+    def has_seq(self, seq_id: str) -> bool:
+        return seq_id in self._seqs
+
     def seq_tokens(self, seq_id: str) -> list[int]:
         """Tokens ``seq_id`` has generated so far (a copy)."""
         return list(self._seqs[seq_id].generated_ids)

@@ -1,0 +1,50 @@
+"""Throughput profiling on the tiny model: a finite, non-negative fit that tracks the measured latencies."""
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pivotrl.roles.profiling import ProfileConfig, ThroughputProfile, grid, profile_replica
+
+pytestmark = pytest.mark.engine
+CONFIG = ProfileConfig(batch_sizes=(1, 4, 16), context_tokens=(16, 160), decode_steps=4, warmup_steps=2)
+
+
+@pytest.fixture(scope="module")
+def profile(make_replica) -> tuple[ThroughputProfile, object]:
+    replica = make_replica()
+    return profile_replica(replica, CONFIG), replica
+
+
+def test_samples_cover_the_grid_and_leave_the_replica_empty(profile) -> None:
+    result, replica = profile
+    assert not replica.has_unfinished() and replica.kv_used_tokens == 0
+    points = {(s.num_seqs, s.context_tokens) for s in result.samples}
+    assert points == set(grid(replica, CONFIG)) == {(n, c) for n in (1, 4, 16) for c in (16, 160)}
+    for s in result.samples:  # KV tokens: prompt + tokens generated so far, for each sequence
+        assert s.num_seqs * s.context_tokens < s.num_tokens <= s.num_seqs * (s.context_tokens + 8)
+        assert s.latency_s > 0
+    assert len(result.samples) >= 0.75 * len(points) * CONFIG.decode_steps
+
+
+def test_fit_is_finite_and_tracks_measurements(profile) -> None:
+    result, _ = profile
+    fit = result.model
+    assert all(0 <= v < 1 for v in fit.as_dict().values())  # finite, non-negative, seconds-sized
+    ratios = [fit.latency(s.num_tokens, s.num_seqs) / s.latency_s for s in result.samples]
+    assert all(r > 0 for r in ratios)
+    assert 1 / 3 < statistics.median(ratios) < 3  # loose: a shared CPU; no timing claims
+
+
+def test_profile_round_trips_through_json(profile, tmp_path: Path) -> None:
+    result, _ = profile
+    result.save(tmp_path / "throughput.json")
+    assert ThroughputProfile.load(tmp_path / "throughput.json") == result
+
+
+def test_grid_skips_points_that_do_not_fit(profile) -> None:
+    _, replica = profile
+    too_long = ProfileConfig(batch_sizes=(1,), context_tokens=(16, replica.config.max_model_len))
+    assert grid(replica, too_long) == [(1, 16)]
+    with pytest.raises(ValueError, match="batch_sizes"):
+        ProfileConfig(batch_sizes=())
