@@ -124,14 +124,15 @@ class ReplicaTable:
     # ------------------------------------------------------------------ state updates
     def change(self, slot: int, delta_seqs: int, delta_tokens: int) -> None:
         """Apply a change of the slot's sequences/tokens and refresh its vector terms."""
-        self.n[slot] += delta_seqs
-        self.t[slot] = self.t[slot] + delta_tokens if self.n[slot] else 0
-        self.refresh(slot)
+        n = self.n[slot] = self.n[slot] + delta_seqs
+        t = self.t[slot] = self.t[slot] + delta_tokens if n else 0
+        self.refresh(slot, n, t)
 
-    def refresh(self, slot: int) -> None:
+    def refresh(self, slot: int, n: int | None = None, t: int | None = None) -> None:
         model = self.models[slot]
         assert model is not None
-        n, t = self.n[slot], self.t[slot]
+        if n is None or t is None:
+            n, t = self.n[slot], self.t[slot]
         n1 = n + 1
         self.n1[slot] = n1
         self.base[slot] = model.A * t + max(model.B, model.C * n1) + model.D

@@ -154,15 +154,16 @@ class ShiftAwareScheduler:
         Ties in ΔT go to the replica registered in the lowest free slot (deterministic).
         """
         mask = self._mask(replica_ids)
+        queue, ids, best_slot = self.queue, self._table.ids, self._table.best_slot
         actions: list[Action] = []
-        while len(self.queue) and (max_seqs is None or len(actions) < max_seqs):
-            head = self.queue.peek()
-            slot = self._best_slot(head.num_tokens, mask)
+        for _ in range(len(queue) if max_seqs is None else min(max_seqs, len(queue))):
+            head = queue.peek()
+            slot = best_slot(head.prompt_tokens + head.generated_tokens, mask)
             if slot is None:
-                break
-            self.queue.pop()
+                break  # the head fits nowhere: it waits at the head of the queue
+            queue.pop()
             self._attach(head, slot)
-            actions.append(Dispatch(head.seq_id, self._table.ids[slot], head.generated_tokens))
+            actions.append(Dispatch(head.seq_id, ids[slot], head.generated_tokens))
         return actions
 
     def abort(self, replica_id: ReplicaId, which: Literal["all", "shortest"] = "all") -> list[Action]:
@@ -263,9 +264,6 @@ class ShiftAwareScheduler:
             self._known(rid)
             mask[self._table.slot_of[rid]] = True
         return mask
-
-    def _best_slot(self, seq_tokens: int, mask: np.ndarray | None) -> int | None:
-        return self._table.best_slot(seq_tokens, mask)
 
     def _snapshot(self, seq_id: int) -> WaitingSequence:
         slot, prompt, offset, _ = self._running[seq_id]
