@@ -17,6 +17,7 @@ down while sequences are in flight (the scheduler aborts or migrates them first,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,8 @@ class EngineRole:
         self.devices = tuple(devices)
         self.parallelism = parallelism
         self._kv_bytes_per_token = kv_bytes_per_token(Path(replica.config.model_path), replica.config.dtype)
-        self._param_bytes = 0
+        self._param_bytes = checkpoint_bytes(Path(replica.config.model_path), replica.config.dtype) \
+            if replica.is_started else 0
         self._kv_bytes = self._current_kv_bytes()
 
     def discard_temporary(self) -> int:
@@ -136,3 +138,16 @@ def kv_bytes_per_token(model_path: Path, dtype: str) -> int:
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     kv_heads = config.get("num_key_value_heads") or heads
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+def checkpoint_bytes(model_path: Path, dtype: str) -> int:
+    """Bytes of a checkpoint's tensors (``*.safetensors`` in ``model_path``) held in ``dtype``."""
+    from safetensors import safe_open
+
+    numel = 0
+    for file in sorted(model_path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                numel += math.prod(shape)
+    return numel * _DTYPE_BYTES[dtype]
