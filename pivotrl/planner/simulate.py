@@ -10,6 +10,7 @@ the shift. Same throughput model, same ΔT and room tests, same tie-breaking (lo
 order replicas joined; queue by seq_id; shortest by (tokens, seq_id)), so the results are those of
 the scheduler run on a copy (``reference.py`` does exactly that, and the tests compare the two).
 
+Aggregates are summed over the scheduler's table layout, so results are bit-identical to it.
 Why a separate replay and not scheduler copies: the planner evaluates up to K candidates per
 decision, and a copy rebuilds per-sequence bookkeeping (dicts, sets, action lists) that the
 evaluation never reads. Here the snapshot is turned into slot arrays and sorted sequence lists
@@ -41,7 +42,7 @@ class RoleSimulator:
                  migrate: bool = True, restart_aborted: bool = False) -> None:
         self.migrate, self.restart_aborted = migrate, restart_aborted
         self.slot_of = {r.replica_id: i for i, r in enumerate(replicas)}
-        size = len(replicas) + max_new
+        size = _table_size(len(replicas) + max_new)
         models = [r.model for r in replicas] + [new_model] * max_new
         self._A, self._B, self._C, self._D = ([getattr(m, k) for m in models] for k in "ABCD")
         self._cap = [r.kv_capacity_tokens for r in replicas] + [new_kv_capacity_tokens] * max_new
@@ -52,11 +53,12 @@ class RoleSimulator:
         self._waiting = sorted((s.seq_id, s.num_tokens, s.prompt_tokens) for s in waiting)
         self.num_existing, self.max_new = len(replicas), max_new
         self.num_seqs = sum(self._n) + len(self._waiting)
-        self._vA = np.array(self._A, dtype=np.float64)
+        self._vA = np.zeros(size)
+        self._vA[: len(self._A)] = self._A
         self._start = _Run.empty(self, size)
         for slot in range(len(replicas)):
             self._refresh(self._start, slot)
-        self.throughput = float(self._start.T.sum())  # current aggregate throughput (tokens/s)
+        self.throughput = self._aggregate(self._start, len(replicas))  # current aggregate throughput (tokens/s)
 
     # ------------------------------------------------------------------ replays
     def after_shift_down(self, replica_ids: Iterable[int]) -> float:
@@ -71,7 +73,7 @@ class RoleSimulator:
             run.free[slot], run.T[slot] = -np.inf, 0.0
         queue = sorted(self._waiting + aborted) if aborted else list(self._waiting)
         self._dispatch(run, queue, 0, None)
-        return float(run.T.sum())
+        return self._aggregate(run, self.num_existing)
 
     def after_shift_up(self, num_new: int) -> float:
         """Aggregate throughput after Alg. 4 starts ``num_new`` fresh replicas."""
@@ -85,7 +87,7 @@ class RoleSimulator:
         pos = self._dispatch(run, self._waiting, pos, None)
         if pos == len(self._waiting) and self.migrate:
             self._migrate(run, hi)
-        return float(run.T.sum())
+        return self._aggregate(run, hi)
 
     # ------------------------------------------------------------------ Alg. 2 / Alg. 4 internals
     def _dispatch(self, run: "_Run", queue: Sequence[tuple[int, int, int]], pos: int,
@@ -142,6 +144,11 @@ class RoleSimulator:
         self._attach(run, dst, seq)
         return dst
 
+    @staticmethod
+    def _aggregate(run: "_Run", num_slots: int) -> float:
+        """Σ T over the scheduler's table layout (same length, so the same float sum)."""
+        return float(run.T[: _table_size(num_slots)].sum())
+
     # ------------------------------------------------------------------ slot bookkeeping
     def _attach(self, run: "_Run", slot: int, seq: tuple[int, int, int]) -> None:
         if self.migrate:
@@ -193,6 +200,14 @@ class _Run:
             if write:
                 heap = self._heaps[slot] = list(heap)
         return heap
+
+
+def _table_size(num_slots: int) -> int:
+    """Length of the scheduler's slot arrays holding ``num_slots`` replicas (8, doubled as needed)."""
+    size = 8
+    while size < num_slots:
+        size *= 2
+    return size
 
 
 def _pop_max(heap: list[tuple[float, int, float]], T: np.ndarray) -> int | None:

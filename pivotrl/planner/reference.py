@@ -1,0 +1,126 @@
+"""A plain reference of the PivotRL planner (paper §7), for tests and the benchmark's cross-check.
+
+Written for obviousness, not speed: Algorithm 1 literally (lists, plans copied per transition),
+and every candidate simulated on fresh copies of ``ShiftAwareScheduler`` built from the snapshot
+(``shift_down`` for the donor role, Alg. 3; ``shift_up`` for the up role, Alg. 4), as §7.3
+describes. The fast planner (``strategies/pivotrl.py``) must reach the same decisions.
+
+Invariant: the reference never shares state between candidates; each starts from the snapshot.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+from pivotrl.planner.benefit import overall_throughput, select_best
+from pivotrl.planner.candidates import Candidate
+from pivotrl.planner.decision import CandidateEval, Decision, NewReplica, ShiftPlan, Strategy
+from pivotrl.planner.pairs import ShiftPair, build_pairs
+from pivotrl.planner.planner import PlannerConfig, check_state, tau_shift_of, training_plan
+from pivotrl.planner.role import choose_up_role
+from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole, WorkloadState
+from pivotrl.scheduler import ReplicaSpec, ShiftAwareScheduler
+from pivotrl.scheduler.queue import WaitingSequence
+
+__all__ = ["plain_build_candidates", "scheduler_from_state", "ReferencePlanner"]
+
+
+def plain_build_candidates(pairs: Sequence[ShiftPair], max_up: int) -> dict[int, Candidate]:
+    """Algorithm 1 line by line (O(K·I) transitions, each copying a plan)."""
+    K = max_up
+    D = [0.0] + [math.inf] * K
+    C: list[tuple[tuple[int, int], ...]] = [()] * (K + 1)
+    for i, pair in enumerate(pairs):
+        D_hat, C_hat = list(D), list(C)
+        for j in range(K + 1):
+            if D[j] == math.inf:
+                continue
+            for e in range(1, min(len(pair.up_replicas), K - j) + 1):
+                d = D[j] + pair.penalty
+                c = C[j] + ((i, e),)
+                D_hat[j + e] = min(D_hat[j + e], d)
+                if d == D_hat[j + e]:
+                    C_hat[j + e] = c
+        D, C = D_hat, C_hat
+    out = {}
+    for k in range(1, K + 1):
+        if D[k] < math.inf:
+            up = tuple(s for i, e in C[k] for s in pairs[i].up_replicas[:e])
+            down = tuple(sorted({rid for i, _ in C[k] for rid in pairs[i].down_replicas}))
+            out[k] = Candidate(num_up=k, penalty=D[k], parts=C[k], up_replicas=up, down_replicas=down)
+    return out
+
+
+def scheduler_from_state(state: WorkloadState, role: InferenceRole) -> ShiftAwareScheduler:
+    """A scheduler holding the snapshot's replicas (in snapshot order), sequences and queue."""
+    sched = ShiftAwareScheduler()
+    for r in state.replicas_of(role):
+        sched.add_replica(r.replica_id, r.model, r.kv_capacity_tokens)
+    for r in state.replicas_of(role):
+        for s in r.sequences:
+            sched.submit(s.seq_id, s.prompt_tokens, s.generated_tokens)
+            if not sched.dispatch([r.replica_id], max_seqs=1):  # the snapshot may hold more than capacity
+                seq = sched.queue.pop()
+                sched._attach(WaitingSequence(seq.seq_id, seq.prompt_tokens, seq.generated_tokens),
+                              sched._table.slot_of[r.replica_id], check_capacity=False)
+    for s in state.roles[role].waiting:
+        sched.submit(s.seq_id, s.prompt_tokens, s.generated_tokens)
+    return sched
+
+
+class ReferencePlanner(Strategy):
+    """The PivotRL planner, plainly: same steps, same decisions, no sharing between candidates."""
+
+    name = "pivotrl-reference"
+
+    def __init__(self, config: PlannerConfig | None = None) -> None:
+        self.config = config or PlannerConfig()
+
+    def plan(self, state: WorkloadState) -> Decision:
+        check_state(state)
+        t0 = time.perf_counter()
+        tau = tau_shift_of(state, self.config)
+        up_role = choose_up_role(state)
+        base = {r: scheduler_from_state(state, r) for r in INFERENCE_ROLES}
+        nseq = {r: state.num_seqs(r) for r in INFERENCE_ROLES}
+        current = overall_throughput(nseq, {r: base[r].aggregate_throughput() for r in INFERENCE_ROLES})
+        if up_role == "training":
+            plan = training_plan(state, tau, lambda r: r.throughput)
+            thr = {r: self._after(base[r], (), [d for d in plan.down_replica_ids if d in base[r].replica_ids])
+                   for r in INFERENCE_ROLES}
+            t_cand = overall_throughput(nseq, thr)
+            cand = CandidateEval(num_up=1, plan=plan, throughput=t_cand,
+                                 benefit=self.config.horizon_s * (t_cand - current) - plan.penalty)
+            return Decision(plan=plan, up_role=up_role, candidates=(cand,), current_throughput=current,
+                            simulate_s=time.perf_counter() - t0)
+        if up_role is None:
+            return Decision(plan=None, up_role=None, candidates=(), current_throughput=current)
+        pairs = build_pairs(state, up_role, tau_shift_s=tau, replica_throughput=lambda r: r.throughput)
+        cap = self.config.max_up_replicas
+        candidates = plain_build_candidates(pairs.pairs, pairs.max_up if cap is None else min(cap, pairs.max_up))
+        donor: InferenceRole = "reward" if up_role == "rollout" else "rollout"
+        spec = state.roles[up_role]
+        evals = []
+        for k, c in candidates.items():
+            new = [ReplicaSpec(replica_id=("new", i), model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens)
+                   for i in range(k)]
+            thr = {up_role: self._after(base[up_role], new, ()), donor: self._after(base[donor], (), c.down_replicas)}
+            t_cand = overall_throughput(nseq, thr)
+            plan = ShiftPlan(up_role=up_role, down_replica_ids=c.down_replicas, training_up=False, penalty=c.penalty,
+                             up_replicas=tuple(NewReplica(role=up_role, device_ids=pairs.blocks[s])
+                                               for s in c.up_replicas))
+            evals.append(CandidateEval(num_up=k, plan=plan, throughput=t_cand,
+                                       benefit=self.config.horizon_s * (t_cand - current) - c.penalty))
+        best = select_best([e.benefit for e in evals], self.config.tie_rtol)
+        return Decision(plan=None if best is None else evals[best].plan, up_role=up_role, candidates=tuple(evals),
+                        current_throughput=current, simulate_s=time.perf_counter() - t0)
+
+    @staticmethod
+    def _after(base: ShiftAwareScheduler, new: Sequence[ReplicaSpec], down: Sequence[int]) -> float:
+        sched = base.copy()
+        if down:
+            sched.shift_down(list(down))
+        if new:
+            sched.shift_up(list(new))
+        return sched.aggregate_throughput()

@@ -1,0 +1,84 @@
+"""The five-step planner (§7.1, Fig. 8): properties on random snapshots, the worked example, the reference."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pivotrl.planner import INFERENCE_ROLES, Planner, PlannerConfig, make_strategy, validate_plan
+from pivotrl.planner.reference import ReferencePlanner
+from pivotrl.planner.synthetic import fig8_state, random_state
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(0, 10**6))
+def test_decisions_are_valid_maximal_and_match_the_reference(seed):
+    state = random_state(seed)
+    decision = Planner().plan(state)
+    for cand in decision.candidates:
+        validate_plan(state, cand.plan)  # no device gets two roles, tp respected
+    if decision.up_role == "training":
+        on_training = {state.replica_on(d) for d in state.training_device_ids} - {None}
+        assert decision.plan.training_up and set(decision.plan.down_replica_ids) == on_training
+    else:
+        benefits = [c.benefit for c in decision.candidates]
+        if not any(b > 0 for b in benefits):
+            assert decision.plan is None
+        else:
+            chosen = next(c for c in decision.candidates if c.plan == decision.plan)
+            assert chosen.benefit == pytest.approx(max(benefits), rel=1e-9) and chosen.benefit > 0
+    ref = ReferencePlanner().plan(state)
+    assert decision.plan == ref.plan and decision.up_role == ref.up_role
+    assert decision.current_throughput == pytest.approx(ref.current_throughput, rel=1e-12)
+    assert [(c.num_up, c.plan) for c in decision.candidates] == [(c.num_up, c.plan) for c in ref.candidates]
+    for a, b in zip(decision.candidates, ref.candidates):
+        assert a.throughput == pytest.approx(b.throughput, rel=1e-12)
+
+
+def test_fig8_worked_example():
+    state = fig8_state(32)  # 8 rollout devices (tp 1), 16 reward (tp 4), 8 idle training, reward loaded
+    decision = Planner().plan(state)
+    assert decision.up_role == "reward"
+    assert sorted(c.num_up for c in decision.candidates) == [1, 2, 3, 4]
+    by_k = {c.num_up: c.plan for c in decision.candidates}
+    training = set(state.training_device_ids)
+    assert by_k[2].penalty == 0 and by_k[2].down_replica_ids == ()  # the φ = 0 training pair comes first
+    assert {d for r in by_k[2].up_replicas for d in r.device_ids} == training
+    assert by_k[3].down_replica_ids == (0, 1, 2, 3)  # then the cheaper 4-device rollout pair
+    assert by_k[3].up_replicas[-1].device_ids == (0, 1, 2, 3)
+    assert by_k[4].down_replica_ids == tuple(range(8)) and by_k[4].penalty > by_k[3].penalty > 0
+    best = max(decision.candidates, key=lambda c: c.benefit)
+    assert best.benefit > 0 and decision.plan == best.plan
+    assert decision.candidates[3].throughput == 0.0  # no rollout replica left: Eq. 1 collapses
+
+
+def test_training_takes_its_devices_back():
+    state = fig8_state(32)
+    ready = type(state)(devices=state.devices, training_device_ids=state.training_device_ids, training_active=False,
+                        next_batch_ready=True, replicas=state.replicas, roles=state.roles)
+    plan = Planner().plan(ready).plan
+    assert plan.training_up and plan.down_replica_ids == () and plan.up_replicas == ()
+
+
+def test_horizon_and_penalty_trade_off():
+    state = fig8_state(32)
+    short = make_strategy("pivotrl", horizon_s=1e-9).plan(state)
+    assert short.plan is not None and short.plan.penalty == 0.0  # only φ = 0 pairs pay off within 1 ns
+    assert all(c.benefit < 0 for c in short.candidates if c.plan.penalty > 0)
+    cheap = make_strategy("pivotrl", tau_shift_rollout_s=0.0).plan(state)
+    assert all(c.plan.penalty == 0.0 for c in cheap.candidates)
+
+
+def test_bad_config_and_state():
+    with pytest.raises(ValueError, match="horizon_s"):
+        PlannerConfig(horizon_s=0)
+    with pytest.raises(ValueError, match="tau_shift_reward_s"):
+        PlannerConfig(tau_shift_reward_s=-1.0)
+    state = fig8_state(32)
+    dup = state.replicas[0].sequences[0]
+    roles = dict(state.roles)
+    roles["rollout"] = type(roles["rollout"])(role="rollout", tp=1, model=roles["rollout"].model,
+                                              kv_capacity_tokens=roles["rollout"].kv_capacity_tokens, waiting=(dup,))
+    bad = type(state)(devices=state.devices, training_device_ids=state.training_device_ids, training_active=False,
+                      next_batch_ready=False, replicas=state.replicas, roles=roles)
+    with pytest.raises(ValueError, match="seq_id"):
+        Planner().plan(bad)
+    assert set(INFERENCE_ROLES) == set(state.roles)

@@ -1,0 +1,49 @@
+"""RoleSimulator replays Alg. 3/4 exactly as ShiftAwareScheduler runs them on a copy."""
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pivotrl.planner import INFERENCE_ROLES, RoleSimulator, overall_throughput
+from pivotrl.planner.reference import scheduler_from_state
+from pivotrl.planner.synthetic import random_state
+from pivotrl.scheduler import ReplicaSpec
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(INFERENCE_ROLES))
+def test_replay_matches_scheduler_copies(seed, role):
+    state = random_state(seed, max_seqs=20)
+    spec = state.roles[role]
+    sim = RoleSimulator(state.replicas_of(role), spec.waiting, new_model=spec.model,
+                        new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=3)
+    base = scheduler_from_state(state, role)
+    assert sim.throughput == base.aggregate_throughput()
+    assert sim.num_seqs == state.num_seqs(role)
+    ids = [r.replica_id for r in state.replicas_of(role)]
+    down = random.Random(seed).sample(ids, k=random.Random(seed + 1).randint(0, len(ids)))
+    sched = base.copy()
+    sched.shift_down(down)
+    assert sim.after_shift_down(down) == sched.aggregate_throughput()
+    for k in range(1, 4):
+        sched = base.copy()
+        sched.shift_up([ReplicaSpec(replica_id=("new", i), model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens)
+                        for i in range(k)])
+        assert sim.after_shift_up(k) == sched.aggregate_throughput()
+    assert sim.after_shift_down(down) == sim.after_shift_down(list(reversed(down)))  # replays never mutate
+
+
+def test_without_migration_new_replicas_only_take_waiting_work():
+    state = random_state(3)
+    for role in INFERENCE_ROLES:
+        spec = state.roles[role]
+        sim = RoleSimulator(state.replicas_of(role), (), new_model=spec.model,
+                            new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=2, migrate=False)
+        assert sim.after_shift_up(2) == sim.throughput
+
+
+def test_eq1_weighted_harmonic_mean():
+    assert overall_throughput({"rollout": 10, "reward": 30}, {"rollout": 10.0, "reward": 30.0}) == 40 / 2
+    assert overall_throughput({"rollout": 0, "reward": 5}, {"rollout": 0.0, "reward": 7.0}) == 7.0
+    assert overall_throughput({"rollout": 3, "reward": 5}, {"rollout": 0.0, "reward": 7.0}) == 0.0
+    assert overall_throughput({"rollout": 0, "reward": 0}, {"rollout": 1.0, "reward": 1.0}) == 0.0
