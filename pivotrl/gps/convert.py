@@ -1,5 +1,7 @@
 """HF <-> vLLM parameter conversion for a Read into an inference engine (§5.1, App. B).
 
+Scope: dense decoder-only models with Qwen2/Llama parameter names (MoE experts are not mapped).
+
 GPS keeps canonical names and layouts: HF transformers' (the trainer's). vLLM fuses ``q,k,v`` into
 ``qkv_proj`` and ``gate,up`` into ``gate_up_proj`` and shards every parameter per tensor-parallel
 (tp) rank: column-parallel (``qkv``, ``gate_up``, their biases) along dim 0, each of q/k/v (or
@@ -56,9 +58,9 @@ class ModelShape:
         if tp_size <= 0:
             raise ValueError(f"tp_size must be positive, got {tp_size}")
         kv_ok = self.num_kv_heads % tp_size == 0 if tp_size <= self.num_kv_heads else tp_size % self.num_kv_heads == 0
-        if self.num_heads % tp_size or not kv_ok:
+        if self.num_heads % tp_size or not kv_ok or self.padded_vocab() % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide num_heads={self.num_heads} / "
-                             f"num_kv_heads={self.num_kv_heads}")
+                             f"num_kv_heads={self.num_kv_heads} / padded vocab {self.padded_vocab()}")
 
     def padded_vocab(self) -> int:
         return -(-self.vocab_size // self.vocab_padding) * self.vocab_padding

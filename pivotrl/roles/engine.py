@@ -191,7 +191,9 @@ class EngineReplica:
         latency_s = time.perf_counter() - t0
         finished, num_new = [], 0
         for out in outputs:
-            seq = self._seqs[out.request_id]
+            seq = self._seqs.get(out.request_id)
+            if seq is None:  # aborted after the engine produced it (possible with an out-of-process core)
+                continue
             new_ids = out.outputs[0].token_ids
             seq.generated_ids.extend(new_ids)
             num_new += len(new_ids)

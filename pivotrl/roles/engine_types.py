@@ -28,7 +28,7 @@ class SequenceSampling:
 class FinishedSequence:
     seq_id: str
     prompt_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]  # every generated token (incl. those from before a migration)
+    token_ids: tuple[int, ...]  # every generated token (incl. those from before a migration, and the stop token)
     finish_reason: str  # "stop" (a stop token) or "length" (max_tokens / max_model_len)
 
 
