@@ -13,7 +13,7 @@ B = H·(T_candidate − T_current) − φ tokens.
 Every candidate is evaluated on per-role simulators built once from the snapshot: the up role's
 throughput after the shift depends only on how many replicas come up (the paper's first pruning
 intuition), so it is simulated once per count, and the donor role's once per distinct shift-down
-set. Selection: the largest positive benefit; benefits within ``rtol`` of the best count as ties
+set; ``prepare`` hands all counts (sets) of a role to its simulator at once (``lockstep``). Selection: the largest positive benefit; benefits within ``rtol`` of the best count as ties
 and go to the candidate with fewer up-role replicas (so float noise never flips a decision);
 none positive → no shift.
 
@@ -35,9 +35,9 @@ class RoleModel(Protocol):
     num_seqs: int
     throughput: float
 
-    def after_shift_down(self, replica_ids: Iterable[int]) -> float: ...
+    def after_shift_down_many(self, leaving: Sequence[Sequence[int]]) -> list[float]: ...
 
-    def after_shift_up(self, num_new: int) -> float: ...
+    def after_shift_up_many(self, counts: Sequence[int]) -> list[float]: ...
 
 
 def overall_throughput(num_seqs: Mapping[InferenceRole, int], throughput: Mapping[InferenceRole, float]) -> float:
@@ -66,22 +66,24 @@ class CandidateBenefits:
         self._up: dict[tuple[InferenceRole, int], float] = {}
         self._down: dict[tuple[InferenceRole, frozenset[int]], float] = {}
 
+    def prepare(self, role: InferenceRole, *, counts: Iterable[int] = (), leaving: Iterable[Sequence[int]] = ()) -> None:
+        """Simulate every count / shift-down set of ``role`` not yet known, all in one lockstep pass."""
+        sim = self.roles[role]
+        todo_up = sorted({k for k in counts if k and (role, k) not in self._up})
+        for k, thr in zip(todo_up, sim.after_shift_up_many(todo_up) if todo_up else ()):
+            self._up[(role, k)] = thr
+        todo_down = list({frozenset(d): sorted(d) for d in leaving if d and (role, frozenset(d)) not in self._down}.values())
+        for d, thr in zip(todo_down, sim.after_shift_down_many(todo_down) if todo_down else ()):
+            self._down[(role, frozenset(d))] = thr
+
     def role_after(self, role: InferenceRole, num_up: int, down: Sequence[int]) -> float:
         """The role's throughput after ``down`` of its replicas leave or ``num_up`` new ones join."""
-        sim = self.roles[role]
         if num_up and down:
             raise ValueError("a role either shifts up or shifts down within one plan")
-        if num_up:
-            key = (role, num_up)
-            if key not in self._up:
-                self._up[key] = sim.after_shift_up(num_up)
-            return self._up[key]
-        if not down:
-            return sim.throughput
-        dkey = (role, frozenset(down))
-        if dkey not in self._down:
-            self._down[dkey] = sim.after_shift_down(down)
-        return self._down[dkey]
+        if not num_up and not down:
+            return self.roles[role].throughput
+        self.prepare(role, counts=(num_up,), leaving=(down,))
+        return self._up[(role, num_up)] if num_up else self._down[(role, frozenset(down))]
 
     def evaluate(self, up: Mapping[InferenceRole, int], down: Mapping[InferenceRole, Sequence[int]],
                  penalty: float) -> tuple[float, float]:

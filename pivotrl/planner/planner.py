@@ -75,8 +75,9 @@ def check_state(state: WorkloadState) -> None:
 class FiveStepPlanner(Strategy):
     """Steps 1-5 with pluggable throughput estimates and shift simulation."""
 
-    def __init__(self, config: PlannerConfig | None = None) -> None:
+    def __init__(self, config: PlannerConfig | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config or PlannerConfig()
+        self.clock = clock  # times the Table 2 columns (wall clock; time.process_time for CPU time)
 
     @abstractmethod
     def replica_throughput(self, replica: ReplicaState) -> float:
@@ -88,29 +89,31 @@ class FiveStepPlanner(Strategy):
 
     def plan(self, state: WorkloadState) -> Decision:
         check_state(state)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         up_role = choose_up_role(state, self.replica_throughput)
         tau = tau_shift_of(state, self.config)
         if up_role == "training":
             return self._plan_training(state, tau, t0)
         pairs = None if up_role is None else build_pairs(state, up_role, tau_shift_s=tau,
                                                          replica_throughput=self.replica_throughput)
-        t1 = time.perf_counter()
+        t1 = self.clock()
         if pairs is None:
             return self._no_shift(state, up_role, t0, t1)
         cap = self.config.max_up_replicas
         candidates = build_candidates(pairs.pairs, pairs.max_up if cap is None else min(cap, pairs.max_up))
-        t2 = time.perf_counter()
+        t2 = self.clock()
         donor: InferenceRole = "reward" if up_role == "rollout" else "rollout"
         benefits = CandidateBenefits(self.role_models(state, {up_role: len(candidates) and max(candidates), donor: 0}),
                                      self.config.horizon_s)
+        benefits.prepare(up_role, counts=candidates)
+        benefits.prepare(donor, leaving=[c.down_replicas for c in candidates.values()])
         evals = []
         for k, cand in candidates.items():
             t_cand, b = benefits.evaluate({up_role: k}, {donor: cand.down_replicas}, cand.penalty)
             evals.append(CandidateEval(num_up=k, plan=_inference_plan(pairs, cand.up_replicas, cand.down_replicas,
                                                                       cand.penalty), throughput=t_cand, benefit=b))
         best = select_best([e.benefit for e in evals], self.config.tie_rtol)
-        t3 = time.perf_counter()
+        t3 = self.clock()
         return Decision(plan=None if best is None else evals[best].plan, up_role=up_role, candidates=tuple(evals),
                         current_throughput=benefits.current, preprocess_s=t1 - t0, construct_s=t2 - t1,
                         simulate_s=t3 - t2)
@@ -121,10 +124,10 @@ class FiveStepPlanner(Strategy):
         by_id = {r.replica_id: r for r in state.replicas}
         down = {role: [rid for rid in plan.down_replica_ids if by_id[rid].role == role] for role in INFERENCE_ROLES}
         penalty = plan.penalty
-        t1 = time.perf_counter()
+        t1 = self.clock()
         benefits = CandidateBenefits(self.role_models(state, {"rollout": 0, "reward": 0}), self.config.horizon_s)
         t_cand, b = benefits.evaluate({}, down, penalty)
-        t2 = time.perf_counter()
+        t2 = self.clock()
         return Decision(plan=plan, up_role="training", candidates=(CandidateEval(num_up=1, plan=plan, throughput=t_cand,
                         benefit=b),), current_throughput=benefits.current, preprocess_s=t1 - t0, simulate_s=t2 - t1)
 

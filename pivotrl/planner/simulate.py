@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from pivotrl.planner.lockstep import Rows, walk_shift_down, walk_shift_up
 from pivotrl.planner.state import ReplicaState, SequenceInfo
 from pivotrl.scheduler import ThroughputModel
 
@@ -50,74 +51,72 @@ class RoleSimulator:
         self._seqs += [[] for _ in range(max_new)]
         self._n = [len(s) for s in self._seqs]
         self._t = [sum(x[0] for x in s) for s in self._seqs]
-        self._waiting = sorted((s.seq_id, s.num_tokens, s.prompt_tokens) for s in waiting)
+        self.waiting = sorted((s.seq_id, s.num_tokens, s.prompt_tokens) for s in waiting)
         self.num_existing, self.max_new = len(replicas), max_new
-        self.num_seqs = sum(self._n) + len(self._waiting)
-        self._vA = np.zeros(size)
-        self._vA[: len(self._A)] = self._A
+        self.num_seqs = sum(self._n) + len(self.waiting)
+        self.vA, self.vB, self.vC, self.vD, self.vcap = (np.full(size, fill) for fill in (0.0, 1.0, 0.0, 0.0, -np.inf))
+        for vec, values in ((self.vA, self._A), (self.vB, self._B), (self.vC, self._C), (self.vD, self._D),
+                            (self.vcap, self._cap)):
+            vec[: len(values)] = values
+        self.coef = list(zip(self._A, self._B, self._C, self._D))  # per slot (A, B, C, D) as Python floats
+        # one A for every slot (one model per role, the usual case): ΔT needs one vector op less
+        self.a_uniform: float | None = self._A[0] if self._A and len(set(self._A)) == 1 else None
         self._start = _Run.empty(self, size)
         for slot in range(len(replicas)):
-            self._refresh(self._start, slot)
+            self._refresh(self._start, slot, self._n[slot], self._t[slot])
         self.throughput = self._aggregate(self._start, len(replicas))  # current aggregate throughput (tokens/s)
 
     # ------------------------------------------------------------------ replays
     def after_shift_down(self, replica_ids: Iterable[int]) -> float:
         """Aggregate throughput after Alg. 3 removes ``replica_ids``."""
-        run = _Run(self)
-        aborted: list[tuple[int, int, int]] = []
-        for rid in replica_ids:
-            slot = self.slot_of[rid]
-            for tokens, seq_id, prompt in self._seqs[slot]:
-                aborted.append((seq_id, prompt if self.restart_aborted else tokens, prompt))
-            run.n[slot], run.t[slot] = 0, 0
-            run.free[slot], run.T[slot] = -np.inf, 0.0
-        queue = sorted(self._waiting + aborted) if aborted else list(self._waiting)
-        self._dispatch(run, queue, 0, None)
-        return self._aggregate(run, self.num_existing)
+        return self.after_shift_down_many([list(replica_ids)])[0]
 
     def after_shift_up(self, num_new: int) -> float:
         """Aggregate throughput after Alg. 4 starts ``num_new`` fresh replicas."""
-        if not 0 <= num_new <= self.max_new:
-            raise ValueError(f"after_shift_up: num_new must be in [0, {self.max_new}], got {num_new}")
-        run = _Run(self)
-        lo, hi = self.num_existing, self.num_existing + num_new
-        for slot in range(lo, hi):
-            self._refresh(run, slot)
-        pos = self._dispatch(run, self._waiting, 0, (lo, hi))
-        pos = self._dispatch(run, self._waiting, pos, None)
-        if pos == len(self._waiting) and self.migrate:
-            self._migrate(run, hi)
-        return self._aggregate(run, hi)
+        return self.after_shift_up_many([num_new])[0]
 
-    # ------------------------------------------------------------------ Alg. 2 / Alg. 4 internals
-    def _dispatch(self, run: "_Run", queue: Sequence[tuple[int, int, int]], pos: int,
-                  window: tuple[int, int] | None) -> int:
-        """Dispatch queue[pos:] (to slots in ``window`` only, if given) until the head fits nowhere."""
-        lo, hi = window or (0, len(run.T))
-        A, base, n1, T, free = self._vA[lo:hi], run.base[lo:hi], run.n1[lo:hi], run.T[lo:hi], run.free[lo:hi]
-        while pos < len(queue):
-            seq_id, tokens, prompt = queue[pos]
-            gain = A * tokens
-            gain += base
-            np.divide(n1, gain, out=gain)
-            gain -= T
-            slot = int(gain.argmax())
-            if not free[slot] >= tokens:
-                gain[free < tokens] = -np.inf
-                slot = int(gain.argmax())
-                if gain[slot] == -np.inf:
-                    break
-            self._attach(run, lo + slot, (tokens, seq_id, prompt))
-            pos += 1
-        return pos
+    def after_shift_down_many(self, leaving: Sequence[Sequence[int]]) -> list[float]:
+        """``after_shift_down`` for each set of replica ids, replayed in lockstep."""
+        rows = walk_shift_down(self, self._start, [[self.slot_of[rid] for rid in ids] for ids in leaving])
+        size = _table_size(self.num_existing)
+        return [float(rows.T[r, :size].sum()) for r in range(len(leaving))]
+
+    def after_shift_up_many(self, counts: Sequence[int]) -> list[float]:
+        """``after_shift_up`` for each count, Dispatch phases in lockstep, then migration per count."""
+        for k in counts:
+            if not 0 <= k <= self.max_new:
+                raise ValueError(f"after_shift_up: num_new must be in [0, {self.max_new}], got {k}")
+        rows, drained, placed = walk_shift_up(self, self._start, counts)
+        out = []
+        for r, k in enumerate(counts):
+            hi = self.num_existing + k
+            if drained[r] and self.migrate:
+                run = _Run.from_row(self, rows, r, placed[r])
+                self._migrate(run, hi)
+                out.append(self._aggregate(run, hi))
+            else:
+                out.append(float(rows.T[r, :_table_size(hi)].sum()))
+        return out
+
+    def cap_of(self, slot: int) -> int:
+        return self._cap[slot]
+
+    def waiting_stream(self) -> list[tuple[int, int, int]]:
+        """The shared queue as (seq_id, tokens, -1) in queue order."""
+        return [(seq_id, tokens, -1) for seq_id, tokens, _ in self.waiting]
+
+    def aborted(self, slot: int) -> list[tuple[int, int, int]]:
+        """The sequences of ``slot`` as Abort returns them to the queue: (seq_id, tokens, slot)."""
+        return [(seq_id, prompt if self.restart_aborted else tokens, slot) for tokens, seq_id, prompt in self._seqs[slot]]
 
     def _migrate(self, run: "_Run", num_slots: int) -> None:
         T = run.T
         heap = [(-T[s], s, T[s]) for s in range(num_slots) if run.free[s] > -np.inf]
         heapq.heapify(heap)
+        run.total = float(T.sum())  # Σ T, kept up to date by the moves (the threshold's scale)
         for _ in range(sum(run.n) + 1):
             src = _pop_max(heap, T)
-            if src is None or not run.seqs(src, write=False):
+            if src is None or run.n[src] == 0:
                 break
             dst = self._try_move(run, src)
             if dst is None:
@@ -126,23 +125,39 @@ class RoleSimulator:
             heapq.heappush(heap, (-T[dst], dst, T[dst]))
 
     def _try_move(self, run: "_Run", src: int) -> int | None:
-        seq = heapq.heappop(run.seqs(src))
-        tokens = seq[0]
         before = run.T[src]
-        self._change(run, src, -1, -tokens)
-        gain = self._vA * tokens
-        gain += run.base
-        np.divide(run.n1, gain, out=gain)
-        gain -= run.T
-        gain[run.free < tokens] = -np.inf
+        seq = self._detach_shortest(run, src)
+        tokens = seq[0]
+        gain = self._gain(run.base, run.n1, run.T, tokens, 0, len(run.T))
         dst = int(gain.argmax())
+        if not run.free[dst] >= tokens:  # the unconstrained arg-max has room in the usual case
+            gain[run.free < tokens] = -np.inf
+            dst = int(gain.argmax())
         improvement = gain[dst] - (before - run.T[src])
-        scale = max(float(run.T.sum()), 1e-300)
-        if dst == src or not math.isfinite(gain[dst]) or improvement <= _IMPROVEMENT_RTOL * scale:
+        if dst == src or not math.isfinite(gain[dst]) or not self._improves(run, improvement):
             self._attach(run, src, seq)
             return None
         self._attach(run, dst, seq)
+        run.total += improvement
         return dst
+
+    @staticmethod
+    def _improves(run: "_Run", improvement: float) -> bool:
+        """improvement > 1e-12·ΣT, the scheduler's test; ΣT is summed only when the margin is thin."""
+        if improvement > _IMPROVEMENT_RTOL * run.total * (1 + 1e-6):
+            return True
+        return improvement > _IMPROVEMENT_RTOL * max(float(run.T.sum()), 1e-300)
+
+    def _gain(self, base: np.ndarray, n1: np.ndarray, T: np.ndarray, tokens: int, lo: int, hi: int) -> np.ndarray:
+        """ΔT of a ``tokens`` sequence on slots lo..hi: ``n1 / (A·tokens + base) - T`` (fresh array)."""
+        if self.a_uniform is not None:
+            gain = base + self.a_uniform * tokens
+        else:
+            gain = self.vA[lo:hi] * tokens
+            gain += base
+        np.divide(n1, gain, gain)
+        np.subtract(gain, T, gain)
+        return gain
 
     @staticmethod
     def _aggregate(run: "_Run", num_slots: int) -> float:
@@ -153,17 +168,22 @@ class RoleSimulator:
     def _attach(self, run: "_Run", slot: int, seq: tuple[int, int, int]) -> None:
         if self.migrate:
             heapq.heappush(run.seqs(slot), seq)
-        self._change(run, slot, 1, seq[0])
+        n = run.n[slot] + 1
+        t = run.t[slot] + seq[0]
+        run.n[slot], run.t[slot] = n, t
+        self._refresh(run, slot, n, t)
 
-    def _change(self, run: "_Run", slot: int, delta_seqs: int, delta_tokens: int) -> None:
-        run.n[slot] += delta_seqs
-        run.t[slot] = run.t[slot] + delta_tokens if run.n[slot] else 0
-        self._refresh(run, slot)
+    def _detach_shortest(self, run: "_Run", slot: int) -> tuple[int, int, int]:
+        seq = heapq.heappop(run.seqs(slot))
+        n = run.n[slot] - 1
+        t = run.t[slot] - seq[0] if n else 0
+        run.n[slot], run.t[slot] = n, t
+        self._refresh(run, slot, n, t)
+        return seq
 
-    def _refresh(self, run: "_Run", slot: int) -> None:
+    def _refresh(self, run: "_Run", slot: int, n: int, t: int) -> None:
         """ReplicaTable.refresh: the ΔT terms and throughput of one slot from its (n, t)."""
         A, B, C, D = self._A[slot], self._B[slot], self._C[slot], self._D[slot]
-        n, t = run.n[slot], run.t[slot]
         n1 = n + 1
         run.n1[slot] = n1
         run.base[slot] = A * t + max(B, C * n1) + D
@@ -174,7 +194,7 @@ class RoleSimulator:
 class _Run:
     """Mutable per-replay state: copies of the slot vectors, copy-on-write sequence heaps."""
 
-    __slots__ = ("owner", "n", "t", "n1", "base", "T", "free", "_heaps")
+    __slots__ = ("owner", "n", "t", "n1", "base", "T", "free", "total", "_heaps", "_placed")
 
     def __init__(self, owner: RoleSimulator) -> None:
         start = owner._start
@@ -182,23 +202,38 @@ class _Run:
         self.n, self.t = list(start.n), list(start.t)
         self.n1, self.base, self.T, self.free = (a.copy() for a in (start.n1, start.base, start.T, start.free))
         self._heaps: dict[int, list[tuple[int, int, int]]] = {}
+        self._placed: np.ndarray | None = None
 
     @classmethod
     def empty(cls, owner: RoleSimulator, size: int) -> "_Run":
         """The snapshot's state before any slot is refreshed (not-started slots look removed)."""
         run = cls.__new__(cls)
-        run.owner, run._heaps = owner, {}
+        run.owner, run._heaps, run._placed = owner, {}, None
         run.n, run.t = list(owner._n), list(owner._t)
         run.n1, run.T = np.zeros(size), np.zeros(size)
         run.base, run.free = np.ones(size), np.full(size, -np.inf)
         return run
 
-    def seqs(self, slot: int, write: bool = True) -> list[tuple[int, int, int]]:
+    @classmethod
+    def from_row(cls, owner: RoleSimulator, rows: Rows, r: int, placed: np.ndarray) -> "_Run":
+        """Replay state of lockstep row ``r``; ``placed[i]``: the slot queue entry i went to (-1: none)."""
+        run = cls.__new__(cls)
+        run.owner, run._heaps, run._placed = owner, {}, placed
+        m = rows.m[:, r]
+        run.n, run.t = m[0].astype(np.int64).tolist(), m[1].astype(np.int64).tolist()
+        run.n1, run.base, run.T, run.free = (m[i].copy() for i in range(2, 6))
+        return run
+
+    def seqs(self, slot: int) -> list[tuple[int, int, int]]:
+        """The slot's sequences as a (tokens, seq_id, prompt) min-heap, built on first use."""
         heap = self._heaps.get(slot)
         if heap is None:
-            heap = self.owner._seqs[slot]
-            if write:
-                heap = self._heaps[slot] = list(heap)
+            heap = list(self.owner._seqs[slot]) if slot < len(self.owner._seqs) else []
+            if self._placed is not None:
+                waiting = self.owner.waiting
+                heap += [(waiting[i][1], waiting[i][0], waiting[i][2]) for i in np.flatnonzero(self._placed == slot)]
+                heapq.heapify(heap)
+            self._heaps[slot] = heap
         return heap
 
 

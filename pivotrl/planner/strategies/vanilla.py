@@ -27,6 +27,12 @@ class BusyCountModel:
         self.num_seqs = sum(self._seqs.values()) + self._waiting
         self.throughput = float(sum(1 for n in self._seqs.values() if n))
 
+    def after_shift_down_many(self, leaving: Sequence[Sequence[int]]) -> list[float]:
+        return [self.after_shift_down(ids) for ids in leaving]
+
+    def after_shift_up_many(self, counts: Sequence[int]) -> list[float]:
+        return [self.after_shift_up(k) for k in counts]
+
     def after_shift_down(self, replica_ids: Iterable[int]) -> float:
         leaving = set(replica_ids)
         stay = [n for rid, n in self._seqs.items() if rid not in leaving]
