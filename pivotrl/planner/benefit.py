@@ -13,9 +13,10 @@ B = H·(T_candidate − T_current) − φ tokens.
 Every candidate is evaluated on per-role simulators built once from the snapshot: the up role's
 throughput after the shift depends only on how many replicas come up (the paper's first pruning
 intuition), so it is simulated once per count, and the donor role's once per distinct shift-down
-set; ``prepare`` hands all counts (sets) of a role to its simulator at once (``lockstep``). Selection: the largest positive benefit; benefits within ``rtol`` of the best count as ties
-and go to the candidate with fewer up-role replicas (so float noise never flips a decision);
-none positive → no shift.
+set; ``prepare`` hands all counts (sets) of a role to its simulator at once (``lockstep``).
+Selection: the largest positive benefit; benefits within ``rtol`` of the best count as ties and go
+to the candidate with fewer up-role replicas (so float noise never flips a decision); none
+positive → no shift.
 
 Invariant: N per role is conserved by every simulated shift (sequences move, none vanish).
 """
@@ -66,13 +67,15 @@ class CandidateBenefits:
         self._up: dict[tuple[InferenceRole, int], float] = {}
         self._down: dict[tuple[InferenceRole, frozenset[int]], float] = {}
 
-    def prepare(self, role: InferenceRole, *, counts: Iterable[int] = (), leaving: Iterable[Sequence[int]] = ()) -> None:
+    def prepare(self, role: InferenceRole, *, counts: Iterable[int] = (),
+                leaving: Iterable[Sequence[int]] = ()) -> None:
         """Simulate every count / shift-down set of ``role`` not yet known, all in one lockstep pass."""
         sim = self.roles[role]
         todo_up = sorted({k for k in counts if k and (role, k) not in self._up})
         for k, thr in zip(todo_up, sim.after_shift_up_many(todo_up) if todo_up else ()):
             self._up[(role, k)] = thr
-        todo_down = list({frozenset(d): sorted(d) for d in leaving if d and (role, frozenset(d)) not in self._down}.values())
+        new_sets = {frozenset(d): sorted(d) for d in leaving if d and (role, frozenset(d)) not in self._down}
+        todo_down = list(new_sets.values())
         for d, thr in zip(todo_down, sim.after_shift_down_many(todo_down) if todo_down else ()):
             self._down[(role, frozenset(d))] = thr
 

@@ -150,14 +150,16 @@ def walk_shift_down(sim: "RoleSimulator", start: "_Run", leaving: Sequence[Seque
     for r, slots in enumerate(leaving):
         member[r, list(slots)] = True
     rows.remove(member)
-    stream = sorted(sim.waiting_stream() + [seq for s in sorted(set().union(*map(set, leaving))) for seq in sim.aborted(s)])
+    leaving_any = sorted(set().union(*map(set, leaving)))
+    stream = sorted(sim.waiting_stream() + [seq for slot in leaving_any for seq in sim.aborted(slot)])
     active = np.ones(len(leaving), dtype=bool)
     num_slots = rows.n.shape[1]
     by_owner: dict[int, np.ndarray] = {}  # rows whose stream holds the sequences of a slot (-1: waiting)
     for _, tokens, owner in stream:
         members = by_owner.get(owner)
         if members is None:
-            members = by_owner[owner] = np.flatnonzero(active & member[:, owner]) if owner >= 0 else np.flatnonzero(active)
+            mask = active & member[:, owner] if owner >= 0 else active
+            members = by_owner[owner] = np.flatnonzero(mask)
         if not len(members):
             continue
         col, ok = rows.best(members, tokens, 0, num_slots)

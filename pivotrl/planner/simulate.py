@@ -107,7 +107,8 @@ class RoleSimulator:
 
     def aborted(self, slot: int) -> list[tuple[int, int, int]]:
         """The sequences of ``slot`` as Abort returns them to the queue: (seq_id, tokens, slot)."""
-        return [(seq_id, prompt if self.restart_aborted else tokens, slot) for tokens, seq_id, prompt in self._seqs[slot]]
+        restart = self.restart_aborted
+        return [(seq_id, prompt if restart else tokens, slot) for tokens, seq_id, prompt in self._seqs[slot]]
 
     def _migrate(self, run: "_Run", num_slots: int) -> None:
         T = run.T

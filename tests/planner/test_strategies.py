@@ -76,7 +76,8 @@ def test_ablations_use_their_estimates():
 def test_plan_validation_errors():
     with pytest.raises(ValueError, match="given twice"):
         ShiftPlan(up_role="reward", down_replica_ids=(), training_up=False, penalty=0.0,
-                  up_replicas=(NewReplica(role="reward", device_ids=(1, 2)), NewReplica(role="reward", device_ids=(2, 3))))
+                  up_replicas=(NewReplica(role="reward", device_ids=(1, 2)),
+                               NewReplica(role="reward", device_ids=(2, 3))))
     with pytest.raises(ValueError, match="training_up"):
         ShiftPlan(up_role="training", down_replica_ids=(), up_replicas=(), training_up=False, penalty=0.0)
     with pytest.raises(ValueError, match="role"):

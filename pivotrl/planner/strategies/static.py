@@ -50,7 +50,8 @@ class StaticStrategy(Strategy):
         if state.training_active:
             pass
         elif state.next_batch_ready:
-            plan = training_plan(state, {r: state.roles[r].tau_shift_s for r in INFERENCE_ROLES}, lambda r: r.throughput)
+            tau = {r: state.roles[r].tau_shift_s for r in INFERENCE_ROLES}
+            plan = training_plan(state, tau, lambda r: r.throughput)
         elif all(state.replica_on(d) is None for d in state.training_device_ids):
             plan = self._lend(state)
         return Decision(plan=plan, up_role=None if plan is None else plan.up_role, candidates=(),
