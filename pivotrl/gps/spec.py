@@ -1,0 +1,189 @@
+"""Model and parallelism descriptions that layouts are built from (§5.1: Read/Write take ⟨M, G, P⟩).
+
+``Parallelism`` is P; ``ModelSpec`` describes M as HF-named parameters, each with the partition kind
+that tensor parallelism applies to it: column-parallel (q/k/v and gate/up weights and biases, embeddings
+and ``lm_head`` by vocab rows: split along dim 0), row-parallel (o/down weights: split along dim 1) or
+replicated (norms, row-parallel biases, routers). Invariant: a ``ModelSpec``'s names are unique and its
+layer/expert indices lie inside ``num_layers``/``num_experts``.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["column", "row", "replicated"]
+KINDS: tuple[str, ...] = ("column", "row", "replicated")
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROW = ("o_proj", "down_proj")
+_VOCAB = ("embed_tokens.weight", "lm_head.weight")
+
+
+def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Part r of ``parts`` is ``[r * n // parts, (r + 1) * n // parts)``; sizes differ by at most one."""
+    return [(r * n // parts, (r + 1) * n // parts) for r in range(parts)]
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """How a model is laid out on a set of devices: data, tensor, pipeline and expert parallel degrees."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "ep"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Parallelism.{name} must be a positive int, got {value!r}")
+        if (self.dp * self.tp) % self.ep:
+            raise ValueError(f"Parallelism.ep={self.ep} must divide dp*tp={self.dp * self.tp}")
+
+    @property
+    def num_devices(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def coords(self, index: int) -> tuple[int, int, int]:
+        """(dp_rank, pp_rank, tp_rank) of the device at position ``index`` (dp-major, then pp, then tp)."""
+        dp_pp, tp_rank = divmod(index, self.tp)
+        dp_rank, pp_rank = divmod(dp_pp, self.pp)
+        return dp_rank, pp_rank, tp_rank
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """A hyper-rectangle of a tensor: ``[start[d], stop[d])`` along every dim."""
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+
+    @classmethod
+    def full(cls, shape: Sequence[int]) -> Box:
+        return cls(tuple(0 for _ in shape), tuple(shape))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for a, b in zip(self.start, self.stop):
+            n *= b - a
+        return n
+
+    def contains(self, other: Box) -> bool:
+        return all(a <= c and d <= b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+
+    def intersects(self, other: Box) -> bool:
+        return all(max(a, c) < min(b, d) for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+
+    def slices(self, origin: Box | None = None) -> tuple[slice, ...]:
+        """Index of this box inside a tensor holding ``origin`` (the whole parameter when None)."""
+        base = origin.start if origin is not None else (0,) * len(self.start)
+        return tuple(slice(a - o, b - o) for a, b, o in zip(self.start, self.stop, base))
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One parameter: HF name, shape, partition kind, element size; layer/expert parsed from the name."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: Kind
+    itemsize: int = 2  # bytes per element (2: bf16)
+    layer: int | None = None  # decoder layer (``model.layers.<i>.``); None outside the layers
+    expert: int | None = None  # expert index (``.experts.<e>.``); None for dense parameters
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if self.kind not in KINDS:
+            raise ValueError(f"ParamSpec.kind of {self.name} must be one of {KINDS}, got {self.kind!r}")
+        if any(n < 0 for n in self.shape) or self.itemsize < 1:
+            raise ValueError(f"ParamSpec {self.name}: bad shape {self.shape} or itemsize {self.itemsize}")
+        need = {"column": 1, "row": 2}.get(self.kind, 0)
+        if len(self.shape) < need:
+            raise ValueError(f"ParamSpec {self.name}: kind {self.kind!r} needs at least {need} dims")
+        if self.layer is None and (m := _LAYER.search(self.name)):
+            object.__setattr__(self, "layer", int(m.group(1)))
+        if self.expert is None and (m := _EXPERT.search(self.name)):
+            object.__setattr__(self, "expert", int(m.group(1)))
+
+    @property
+    def numel(self) -> int:
+        return Box.full(self.shape).numel
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ModelSpec:
+    """All parameters of one model plus the counts that PP and EP split."""
+
+    params: tuple[ParamSpec, ...]
+    num_layers: int
+    num_experts: int = 0
+    index: Mapping[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(self.params))
+        index = {p.name: i for i, p in enumerate(self.params)}
+        if len(index) != len(self.params):
+            raise ValueError("ModelSpec.params has duplicate names")
+        object.__setattr__(self, "index", index)
+        for p in self.params:
+            if p.layer is not None and not 0 <= p.layer < self.num_layers:
+                raise ValueError(f"{p.name}: layer {p.layer} outside num_layers={self.num_layers}")
+            if p.expert is not None and not 0 <= p.expert < self.num_experts:
+                raise ValueError(f"{p.name}: expert {p.expert} outside num_experts={self.num_experts}")
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def __iter__(self) -> Iterator[ParamSpec]:
+        return iter(self.params)
+
+    def __getitem__(self, name: str) -> ParamSpec:
+        return self.params[self.index[name]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+
+def classify(name: str, shape: Sequence[int]) -> Kind:
+    """Partition kind of an HF-named parameter (see module docstring)."""
+    parts = name.split(".")
+    module = parts[-2] if len(parts) >= 2 else ""
+    if name.endswith(_VOCAB) and len(shape) >= 1:
+        return "column"
+    if module in _COLUMN and len(shape) >= 1:
+        return "column"
+    if module in _ROW and parts[-1] == "weight" and len(shape) >= 2:
+        return "row"
+    return "replicated"
+
+
+def specs_from_shapes(
+    shapes: Mapping[str, Sequence[int]],
+    num_layers: int,
+    *,
+    itemsize: int | Mapping[str, int] = 2,
+    num_experts: int | None = None,
+) -> ModelSpec:
+    """ModelSpec from HF names and shapes; ``num_experts`` defaults to the largest expert index + 1."""
+    params = []
+    for name, shape in shapes.items():
+        size = itemsize if isinstance(itemsize, int) else itemsize[name]
+        params.append(ParamSpec(name, tuple(shape), classify(name, shape), size))
+    if num_experts is None:
+        num_experts = 1 + max((p.expert for p in params if p.expert is not None), default=-1)
+    return ModelSpec(tuple(params), num_layers, num_experts)
