@@ -148,6 +148,13 @@ class PromptDataset(Sequence[PromptRecord]):
         return out
 
 
+def chat_token_ids(messages: Sequence[Message] | Sequence[dict[str, str]], tokenizer: Any) -> list[int]:
+    """Prompt token ids: the tokenizer's chat template (with the generation prompt) applied to ``messages``."""
+    as_dicts = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+    text = tokenizer.apply_chat_template(as_dicts, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def make_groups(prompt_ids: Sequence[int], num_responses: int, *, first_seq_id: int = 0) -> list[GroupSlot]:
     """GRPO groups: ``num_responses`` slots per prompt; ``group_id`` is the prompt's batch position."""
     if num_responses < 1:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from pivotrl.roles.data import (
     PromptDataset,
     arithmetic_rows,
+    chat_token_ids,
     dapo_row,
     make_groups,
     unwrap_dapo_problem,
@@ -48,6 +49,24 @@ def test_arithmetic_dataset_is_seeded_and_correct() -> None:
         expression = record.question.removeprefix("What is $").removesuffix("$?")
         assert str(eval(expression)) == record.ground_truth  # noqa: S307 (our own generated text)
         assert record.data_source == "arithmetic"
+
+
+def test_arithmetic_prompts_are_distinct_and_bounded() -> None:
+    assert len(PromptDataset.arithmetic(500, seed=9)) == 500
+    with pytest.raises(ValueError, match="num_prompts"):
+        arithmetic_rows(10**6, seed=0)
+
+
+def test_chat_token_ids_apply_the_template(tiny) -> None:
+    from pivotrl.roles.tiny import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny.policy_path)
+    record = PromptDataset.arithmetic(1, seed=0)[0]
+    ids = chat_token_ids(record.messages, tokenizer)
+    text = tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
+    assert record.question in text
+    assert ids == chat_token_ids([{"role": "user", "content": record.messages[0].content}], tokenizer)
 
 
 def test_simple_layout(tmp_path: Path) -> None:

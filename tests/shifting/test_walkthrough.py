@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pivotrl.gps.layout import Parallelism
-from pivotrl.roles.data import PromptDataset, make_groups
+from pivotrl.roles.data import PromptDataset, chat_token_ids, make_groups
 from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling
 from pivotrl.roles.reward import RewardConfig, RewardStats, genrm_messages, score_sequence
 from pivotrl.roles.tiny import TinyCheckpoints, ensure_tiny_checkpoints, load_tokenizer
@@ -34,11 +34,6 @@ def _generate(replica: EngineReplica, prompts: dict[str, list[int]], max_tokens:
     while replica.has_unfinished():
         done.update({f.seq_id: f.token_ids for f in replica.step().finished})
     return done
-
-
-def _chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _load_hf(path: Path) -> dict[str, torch.Tensor]:
@@ -64,7 +59,7 @@ def test_device_walks_rollout_reward_training_and_back(tmp_path: Path) -> None:
     tokenizer = load_tokenizer(tiny.policy_path)
     records = list(PromptDataset.arithmetic(2, seed=0))
     slots = make_groups([r.prompt_id for r in records], NUM_RESPONSES)
-    prompts = {f"s{s.seq_id}": _chat_ids(tokenizer, [{"role": "user", "content": records[s.group_id].messages[0].content}])
+    prompts = {f"s{s.seq_id}": chat_token_ids(tokenizer, [{"role": "user", "content": records[s.group_id].messages[0].content}])
                for s in slots}
     gps = GlobalParameterStorage()
     gps.register("policy", _load_hf(tiny.policy_path), writable=True)
@@ -93,8 +88,8 @@ def test_device_walks_rollout_reward_training_and_back(tmp_path: Path) -> None:
     responses = {**before, **references}
     group_of = {**{f"s{s.seq_id}": s.group_id for s in slots}, **{f"ref{g}": g for g in range(len(records))}}
     judge_prompts = {
-        seq_id: _chat_ids(tokenizer, genrm_messages(records[group_of[seq_id]].question,
-                                                    tokenizer.decode(ids, skip_special_tokens=True)))
+        seq_id: chat_token_ids(genrm_messages(records[group_of[seq_id]].question,
+                                              tokenizer.decode(ids, skip_special_tokens=True)), tokenizer)
         for seq_id, ids in responses.items()
     }
     judgements = _generate(reward.replica, judge_prompts, max_tokens=16)
