@@ -59,7 +59,7 @@ def test_device_walks_rollout_reward_training_and_back(tmp_path: Path) -> None:
     tokenizer = load_tokenizer(tiny.policy_path)
     records = list(PromptDataset.arithmetic(2, seed=0))
     slots = make_groups([r.prompt_id for r in records], NUM_RESPONSES)
-    prompts = {f"s{s.seq_id}": chat_token_ids(tokenizer, [{"role": "user", "content": records[s.group_id].messages[0].content}])
+    prompts = {f"s{s.seq_id}": chat_token_ids(records[s.group_id].messages, tokenizer)
                for s in slots}
     gps = GlobalParameterStorage()
     gps.register("policy", _load_hf(tiny.policy_path), writable=True)
