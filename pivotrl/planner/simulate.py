@@ -13,8 +13,9 @@ the scheduler run on a copy (``reference.py`` does exactly that, and the tests c
 Aggregates are summed over the scheduler's table layout, so results are bit-identical to it.
 Why a separate replay and not scheduler copies: the planner evaluates up to K candidates per
 decision, and a copy rebuilds per-sequence bookkeeping (dicts, sets, action lists) that the
-evaluation never reads. Here the snapshot is turned into slot arrays and sorted sequence lists
-once; each replay copies only the per-slot vectors (O(I)) and the heaps of the slots it touches.
+evaluation never reads. Here the snapshot is turned into slot vectors and sorted sequence lists
+once; the Dispatch phases of all candidates run together (``lockstep``), and the migration loop
+of each count starts from its lockstep row and builds only the heaps of the slots it touches.
 
 Invariant: a replay never mutates the base tables; every replay starts from the snapshot.
 """
@@ -111,36 +112,40 @@ class RoleSimulator:
         return [(seq_id, prompt if restart else tokens, slot) for tokens, seq_id, prompt in self._seqs[slot]]
 
     def _migrate(self, run: "_Run", num_slots: int) -> None:
-        T = run.T
+        """Alg. 4's loop: move the max-T replica's shortest sequence while ΣT rises (lazy max-heap)."""
+        T = run.T.tolist()
         heap = [(-T[s], s, T[s]) for s in range(num_slots) if run.free[s] > -np.inf]
         heapq.heapify(heap)
-        run.total = float(T.sum())  # Σ T, kept up to date by the moves (the threshold's scale)
+        run.total = float(run.T.sum())  # Σ T, kept up to date by the moves (the threshold's scale)
         for _ in range(sum(run.n) + 1):
-            src = _pop_max(heap, T)
+            src = _pop_max(heap, run.T)
             if src is None or run.n[src] == 0:
                 break
-            dst = self._try_move(run, src)
-            if dst is None:
+            moved = self._try_move(run, src)
+            if moved is None:
                 break
-            heapq.heappush(heap, (-T[src], src, T[src]))
-            heapq.heappush(heap, (-T[dst], dst, T[dst]))
+            dst, t_src, t_dst = moved
+            heapq.heappush(heap, (-t_src, src, t_src))
+            heapq.heappush(heap, (-t_dst, dst, t_dst))
 
-    def _try_move(self, run: "_Run", src: int) -> int | None:
-        before = run.T[src]
-        seq = self._detach_shortest(run, src)
+    def _try_move(self, run: "_Run", src: int) -> tuple[int, float, float] | None:
+        """Move src's shortest sequence to the arg-max ΔT slot if ΣT strictly rises; new T of both."""
+        before = float(run.T[src])
+        seq, t_src = self._detach_shortest(run, src)
         tokens = seq[0]
-        gain = self._gain(run.base, run.n1, run.T, tokens, 0, len(run.T))
+        gain = self._gain(run, tokens)
         dst = int(gain.argmax())
         if not run.free[dst] >= tokens:  # the unconstrained arg-max has room in the usual case
             gain[run.free < tokens] = -np.inf
             dst = int(gain.argmax())
-        improvement = gain[dst] - (before - run.T[src])
-        if dst == src or not math.isfinite(gain[dst]) or not self._improves(run, improvement):
+        best = float(gain[dst])
+        improvement = best - (before - t_src)
+        if dst == src or not math.isfinite(best) or not self._improves(run, improvement):
             self._attach(run, src, seq)
             return None
-        self._attach(run, dst, seq)
+        t_dst = self._attach(run, dst, seq)
         run.total += improvement
-        return dst
+        return dst, t_src, t_dst
 
     @staticmethod
     def _improves(run: "_Run", improvement: float) -> bool:
@@ -149,15 +154,15 @@ class RoleSimulator:
             return True
         return improvement > _IMPROVEMENT_RTOL * max(float(run.T.sum()), 1e-300)
 
-    def _gain(self, base: np.ndarray, n1: np.ndarray, T: np.ndarray, tokens: int, lo: int, hi: int) -> np.ndarray:
-        """ΔT of a ``tokens`` sequence on slots lo..hi: ``n1 / (A·tokens + base) - T`` (fresh array)."""
+    def _gain(self, run: "_Run", tokens: int) -> np.ndarray:
+        """ΔT of a ``tokens`` sequence on every slot: ``n1 / (A·tokens + base) - T`` (fresh array)."""
         if self.a_uniform is not None:
-            gain = base + self.a_uniform * tokens
+            gain = run.base + self.a_uniform * tokens
         else:
-            gain = self.vA[lo:hi] * tokens
-            gain += base
-        np.divide(n1, gain, gain)
-        np.subtract(gain, T, gain)
+            gain = self.vA * tokens
+            gain += run.base
+        np.divide(run.n1, gain, gain)
+        np.subtract(gain, run.T, gain)
         return gain
 
     @staticmethod
@@ -166,44 +171,36 @@ class RoleSimulator:
         return float(run.T[: _table_size(num_slots)].sum())
 
     # ------------------------------------------------------------------ slot bookkeeping
-    def _attach(self, run: "_Run", slot: int, seq: tuple[int, int, int]) -> None:
-        if self.migrate:
-            heapq.heappush(run.seqs(slot), seq)
+    def _attach(self, run: "_Run", slot: int, seq: tuple[int, int, int]) -> float:
+        heapq.heappush(run.seqs(slot), seq)
         n = run.n[slot] + 1
         t = run.t[slot] + seq[0]
         run.n[slot], run.t[slot] = n, t
-        self._refresh(run, slot, n, t)
+        return self._refresh(run, slot, n, t)
 
-    def _detach_shortest(self, run: "_Run", slot: int) -> tuple[int, int, int]:
+    def _detach_shortest(self, run: "_Run", slot: int) -> tuple[tuple[int, int, int], float]:
         seq = heapq.heappop(run.seqs(slot))
         n = run.n[slot] - 1
         t = run.t[slot] - seq[0] if n else 0
         run.n[slot], run.t[slot] = n, t
-        self._refresh(run, slot, n, t)
-        return seq
+        return seq, self._refresh(run, slot, n, t)
 
-    def _refresh(self, run: "_Run", slot: int, n: int, t: int) -> None:
-        """ReplicaTable.refresh: the ΔT terms and throughput of one slot from its (n, t)."""
-        A, B, C, D = self._A[slot], self._B[slot], self._C[slot], self._D[slot]
+    def _refresh(self, run: "_Run", slot: int, n: int, t: int) -> float:
+        """ReplicaTable.refresh: the ΔT terms and throughput of one slot from its (n, t); returns T."""
+        A, B, C, D = self.coef[slot]
         n1 = n + 1
+        T = n / (A * t + max(B, C * n) + D) if n else 0.0
         run.n1[slot] = n1
         run.base[slot] = A * t + max(B, C * n1) + D
-        run.T[slot] = n / (A * t + max(B, C * n) + D) if n else 0.0
+        run.T[slot] = T
         run.free[slot] = self._cap[slot] - t - 0.0 * n1
+        return T
 
 
 class _Run:
-    """Mutable per-replay state: copies of the slot vectors, copy-on-write sequence heaps."""
+    """Mutable state of one replay: slot vectors and counters, sequence heaps built on first use."""
 
     __slots__ = ("owner", "n", "t", "n1", "base", "T", "free", "total", "_heaps", "_placed")
-
-    def __init__(self, owner: RoleSimulator) -> None:
-        start = owner._start
-        self.owner = owner
-        self.n, self.t = list(start.n), list(start.t)
-        self.n1, self.base, self.T, self.free = (a.copy() for a in (start.n1, start.base, start.T, start.free))
-        self._heaps: dict[int, list[tuple[int, int, int]]] = {}
-        self._placed: np.ndarray | None = None
 
     @classmethod
     def empty(cls, owner: RoleSimulator, size: int) -> "_Run":
@@ -247,6 +244,7 @@ def _table_size(num_slots: int) -> int:
 
 
 def _pop_max(heap: list[tuple[float, int, float]], T: np.ndarray) -> int | None:
+    """The slot of the largest current T (lowest slot on ties), skipping stale heap entries."""
     while heap:
         _, slot, value = heapq.heappop(heap)
         if value == T[slot]:
