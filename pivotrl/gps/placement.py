@@ -15,9 +15,6 @@ from dataclasses import dataclass
 
 from pivotrl.gps.layout import Layout, ModelSpec, gps_layout
 
-_GIB = float(1 << 30)
-
-
 @dataclass(frozen=True, slots=True)
 class Placement:
     """The GPS layout chosen for a set of models, and why."""
@@ -59,7 +56,10 @@ def node_footprint_bytes(models: Mapping[str, ModelSpec], slots: Mapping[str, in
 
 
 def _fmt(nbytes: int) -> str:
-    return f"{nbytes / _GIB:.2f} GiB"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
 
 
 def place(models: Mapping[str, ModelSpec], *, num_nodes: int, node_budget_bytes: int | None,

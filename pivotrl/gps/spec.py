@@ -9,7 +9,7 @@ layer/expert indices lie inside ``num_layers``/``num_experts``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -170,6 +170,12 @@ def classify(name: str, shape: Sequence[int]) -> Kind:
     if module in _ROW and parts[-1] == "weight" and len(shape) >= 2:
         return "row"
     return "replicated"
+
+
+def count_layers(names: Iterable[str]) -> int:
+    """1 + the largest ``layers.<i>`` index among ``names`` (0 when none is inside a decoder layer)."""
+    found = [int(m.group(1)) for n in names if (m := _LAYER.search(n))]
+    return 1 + max(found, default=-1)
 
 
 def specs_from_shapes(

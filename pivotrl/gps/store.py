@@ -1,0 +1,389 @@
+"""Global Parameter Storage: Read and Write of whole models in CPU memory (§5.1, App. B).
+
+``GlobalParameterStorage`` keeps every registered model in host memory, laid out by ``placement``
+(replicated per node, or sharded across the nodes of a replication group), and offers exactly two data
+operations: ``read(M, G, P)`` and ``write(M, G, P, shards)``. Both are a planned all-to-all between
+the GPS copies and the devices (``plan.py``), cached per signature and carried out by a transport.
+
+Invariants:
+- one committed version per model; ``write`` fills the other host buffer (double buffering) and commits
+  by swapping slot and version under a lock, so a reader sees one whole version, never a mix; a
+  write waits until no reader still holds the slot it overwrites;
+- a read-only model (the GenRM, ``writable=False``) is never written and keeps a single host buffer.
+
+Processes: without a process group this process holds every node's copy and stands in for every device
+(transport ``local``). With a group of ``num_nodes * devices_per_node`` ranks, rank ``d`` is device
+``d`` and the first rank of each node holds that node's copy; ``register``, ``read`` and ``write`` are
+then collective over the group and run in call order on one worker thread per process.
+
+Destination buffers are reused per <model, devices, parallelism>: the tensors a ``read`` returns stay
+valid until the next read with the same signature; callers that keep them must copy them out.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from pivotrl.gps.buffers import BufferGeometry, FlatBuffer
+from pivotrl.gps.layout import Box, Layout, Parallelism, device_layout, refine, specs_from_shapes
+from pivotrl.gps.spec import count_layers
+from pivotrl.gps.placement import Placement, place
+from pivotrl.gps.plan import LinkProfile, Plan, PlanCache, build_plan
+from pivotrl.gps.programs import ModelState, read_program, write_program
+from pivotrl.gps.transport import LocalTransport, Program, TorchTransport, Transport
+
+TRANSPORTS = ("local", "nixl", "torch")
+
+
+@dataclass(kw_only=True, slots=True)
+class GPSConfig:
+    """Configuration of one GlobalParameterStorage."""
+
+    transport: Literal["local", "nixl", "torch"] = "local"  # how bytes cross processes ("local": none do)
+    num_nodes: int = 1  # nodes whose CPU memory holds GPS copies
+    devices_per_node: int = 8  # device d lives on node d // devices_per_node
+    node_budget_bytes: int | None = None  # per-node CPU memory for GPS copies; None: unlimited
+    link_profile: LinkProfile = field(default_factory=LinkProfile)  # planner link speeds (measure_link_profile)
+    read_timeout_s: float = 60.0  # how long a read waits for ``min_version`` before raising
+    buffer_device: Literal["cpu", "cuda"] = "cpu"  # where read destination buffers live
+    pin_host_memory: bool = False  # page-lock host copies (CUDA present) for fast host-to-device copies
+    copy_threads: int = 1  # threads splitting in-process copies
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"GPSConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.buffer_device not in ("cpu", "cuda"):
+            raise ValueError(f"GPSConfig.buffer_device must be 'cpu' or 'cuda', got {self.buffer_device!r}")
+        for name in ("num_nodes", "devices_per_node", "copy_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPSConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.read_timeout_s <= 0:
+            raise ValueError(f"GPSConfig.read_timeout_s must be > 0, got {self.read_timeout_s}")
+        if self.node_budget_bytes is not None and self.node_budget_bytes <= 0:
+            raise ValueError(f"GPSConfig.node_budget_bytes must be > 0 or None, got {self.node_budget_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """A read: the version read and, per device of this process, its shard of every parameter it holds."""
+
+    version: int
+    shards: dict[int, dict[str, torch.Tensor]]
+
+
+class WriteHandle:
+    """A background write; ``wait()`` returns the committed version (or raises the write's error)."""
+
+    def __init__(self, future: Future[int]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        return self._future.result(timeout_s)
+
+
+class GlobalParameterStorage:
+    """Read and Write of registered models (module docstring); a context manager releasing its memory."""
+
+    def __init__(self, config: GPSConfig | None = None, *, group: dist.ProcessGroup | None = None) -> None:
+        self.config = config = config or GPSConfig()
+        self.group = group
+        self.num_devices = config.num_nodes * config.devices_per_node
+        if group is None:
+            if config.transport != "local":
+                raise ValueError(f"transport {config.transport!r} needs a process group; use 'local' alone")
+            self.rank, self.transport = 0, LocalTransport(0, config.copy_threads)
+        else:
+            if dist.get_world_size(group) != self.num_devices:
+                raise ValueError(f"the GPS group has {dist.get_world_size(group)} ranks, expected num_nodes * "
+                                 f"devices_per_node = {self.num_devices}")
+            self.rank, self.transport = dist.get_rank(group), _make_transport(config, group)
+        self._models: dict[str, ModelState] = {}
+        self._plans = PlanCache()
+        self._programs: dict[tuple, Program] = {}
+        self._buffers: dict[tuple, dict[int, FlatBuffer]] = {}
+        self._buffer_locks: dict[tuple, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="gps")
+        self._closed = False
+
+    # ---- topology -------------------------------------------------------------------------------------
+    def node_of(self, device: int) -> int:
+        if not 0 <= device < self.num_devices:
+            raise ValueError(f"device {device} is outside the cluster of {self.config.num_nodes} nodes x "
+                             f"{self.config.devices_per_node} devices")
+        return device // self.config.devices_per_node
+
+    def _device_rank(self, device: int) -> int:
+        return 0 if self.group is None else device
+
+    def _host_rank(self, node: int) -> int:
+        return 0 if self.group is None else node * self.config.devices_per_node
+
+    def _hosted_nodes(self) -> list[int]:
+        return [n for n in range(self.config.num_nodes) if self._host_rank(n) == self.rank]
+
+    # ---- registration ---------------------------------------------------------------------------------
+    def register(self, model: str, params: Mapping[str, torch.Tensor], *, writable: bool,
+                 num_layers: int | None = None) -> Placement:
+        """Store ``params`` (HF names) as version 0 of ``model``; collective with a group. Returns the placement."""
+        return self._serial(lambda: self._register(model, params, writable, num_layers))
+
+    def _register(self, model: str, params: Mapping[str, torch.Tensor], writable: bool,
+                  num_layers: int | None) -> Placement:
+        if model in self._models:
+            raise ValueError(f"model {model!r} is already registered")
+        shapes = {name: tuple(t.shape) for name, t in params.items()}
+        spec = specs_from_shapes(shapes, num_layers if num_layers is not None else count_layers(shapes),
+                                 itemsize={name: t.element_size() for name, t in params.items()})
+        placement = place({model: spec}, num_nodes=self.config.num_nodes, node_budget_bytes=self._budget_left(),
+                          slots={model: 2 if writable else 1})
+        state = ModelState.create(model, spec, {n: t.dtype for n, t in params.items()}, writable, placement)
+        for node in self._hosted_nodes():
+            state.copies[node] = self._allocate_copy(state, node, params)
+        self._models[model] = state
+        self.transport.publish()
+        return placement
+
+    def _budget_left(self) -> int | None:
+        """Per-node bytes left for the next model: models are placed one by one, in registration order."""
+        if self.config.node_budget_bytes is None:
+            return None
+        used = sum(m.placement.node_bytes for m in self._models.values())
+        return max(self.config.node_budget_bytes - used, 1)
+
+    def _allocate_copy(self, state: ModelState, node: int, params: Mapping[str, torch.Tensor]) -> list[FlatBuffer]:
+        geometry = state.geometry[node]
+        slots = [FlatBuffer(geometry, share=True, pin=self.config.pin_host_memory, key=state.buffer_key(node, s))
+                 for s in range(2 if state.writable else 1)]
+        for name, box in geometry.boxes.items():
+            slots[0].views[name].copy_(params[name][box.slices()])
+        for slot in slots:
+            self.transport.register(slot.key, slot.tensor)
+        return slots
+
+    def version(self, model: str) -> int:
+        return self._state(model).version
+
+    def placement(self, model: str) -> Placement:
+        return self._state(model).placement
+
+    def host_copy(self, model: str, node: int) -> dict[str, torch.Tensor]:
+        """The committed host tensors of ``node``'s copy (held by this process): GPS-layout pieces."""
+        state = self._state(model)
+        if node not in state.copies:
+            raise ValueError(f"node {node}'s copy of {model!r} is not held by this process")
+        return dict(state.copies[node][state.committed].views)
+
+    def _state(self, model: str) -> ModelState:
+        if self._closed:
+            raise RuntimeError("GlobalParameterStorage is closed")
+        if model not in self._models:
+            raise ValueError(f"unknown model {model!r}; registered: {sorted(self._models)}")
+        return self._models[model]
+
+    # ---- plans and buffers ----------------------------------------------------------------------------
+    def _layout(self, state: ModelState, devices: tuple[int, ...], parallelism: Parallelism) -> Layout:
+        for d in devices:
+            self.node_of(d)
+        return device_layout(state.spec, devices, parallelism)
+
+    def plan(self, op: Literal["read", "write"], model: str, devices: Sequence[int], parallelism: Parallelism) -> Plan:
+        """The (cached) transfer plan of one Read or Write signature."""
+        state, devices = self._state(model), tuple(devices)
+        key = (op, model, devices, parallelism, state.placement.group_size, self.config.link_profile)
+        return self._plans.get(key, lambda: self._build_plan(op, state, devices, parallelism))
+
+    def _build_plan(self, op: str, state: ModelState, devices: tuple[int, ...], parallelism: Parallelism) -> Plan:
+        dev, nodes = self._layout(state, devices, parallelism), {n: n for n in range(self.config.num_nodes)}
+        dev_nodes = {d: self.node_of(d) for d in devices}
+        if op == "read":
+            return build_plan(refine(state.gps, dev), source_node=nodes, target_node=dev_nodes,
+                              profile=self.config.link_profile)
+        return build_plan(refine(dev, state.gps), source_node=dev_nodes, target_node=nodes,
+                          profile=self.config.link_profile)
+
+    def _device_buffers(self, state: ModelState, devices: tuple[int, ...],
+                        parallelism: Parallelism) -> tuple[dict[int, FlatBuffer], threading.Lock]:
+        key = (state.name, devices, parallelism)
+        with self._lock:
+            if key not in self._buffers:
+                layout = self._layout(state, devices, parallelism)
+                mine = [d for d in devices if self._device_rank(d) == self.rank]
+                self._buffers[key] = {d: self._device_buffer(state, layout, key, d) for d in mine}
+                self._buffer_locks[key] = threading.Lock()
+            return self._buffers[key], self._buffer_locks[key]
+
+    def _device_buffer(self, state: ModelState, layout: Layout, key: tuple, device: int) -> FlatBuffer:
+        torch_device = "cpu"
+        if self.config.buffer_device == "cuda":
+            torch_device = f"cuda:{device % self.config.devices_per_node % torch.cuda.device_count()}"
+        buf = FlatBuffer(BufferGeometry(layout.boxes(device), state.dtypes), device=torch_device, key=key + (device,))
+        self.transport.register(buf.key, buf.tensor)
+        return buf
+
+    def release_buffers(self, model: str | None = None) -> None:
+        """Free the reused destination buffers (of one model, or all)."""
+        with self._lock:
+            for key in [k for k in self._buffers if model is None or k[0] == model]:
+                for buf in self._buffers.pop(key).values():
+                    self._unregister(buf)
+                self._buffer_locks.pop(key)
+            self._programs = {k: v for k, v in self._programs.items() if model is not None and k[1] != model}
+
+    def _unregister(self, buf: FlatBuffer) -> None:
+        self.transport.deregister(buf.key)
+        buf.close()
+
+    # ---- Read -----------------------------------------------------------------------------------------
+    def read(self, model: str, devices: Sequence[int], parallelism: Parallelism, *,
+             min_version: int | None = None) -> ReadResult:
+        """Read(M, G, P): each device's shards of ``model`` under ``parallelism`` (this process's devices)."""
+        return self._maybe_serial(lambda: self._read(model, tuple(devices), parallelism, min_version))
+
+    def _read(self, model: str, devices: tuple[int, ...], parallelism: Parallelism,
+              min_version: int | None) -> ReadResult:
+        state = self._state(model)
+        plan = self.plan("read", model, devices, parallelism)
+        buffers, lock = self._device_buffers(state, devices, parallelism)
+        with lock, self._pinned(state, min_version) as (slot, version):
+            key = ("read", model, devices, parallelism, slot)
+            program = self._programs.get(key)
+            if program is None:
+                program = self._programs[key] = read_program(self, state, plan, slot, buffers)
+            self.transport.run(program)
+            return ReadResult(version, {d: dict(buf.views) for d, buf in buffers.items()})
+
+    def read_into(self, model: str, devices: Sequence[int], parallelism: Parallelism,
+                  dests: Mapping[int, Mapping[str, torch.Tensor]], *, min_version: int | None = None) -> int:
+        """Fill caller-owned tensors (e.g. an engine's parameters): ``dests[device][hf_name]`` must have the
+        shape of that device's box; names left out are skipped. Returns the version read."""
+        if self.group is not None:  # across processes: read into the GPS buffers, then copy
+            result = self.read(model, devices, parallelism, min_version=min_version)
+            for d, tensors in dests.items():
+                for name, out in tensors.items():
+                    out.copy_(result.shards[d][name])
+            return result.version
+        return self._maybe_serial(lambda: self._read_into(model, tuple(devices), parallelism, dests, min_version))
+
+    def _read_into(self, model: str, devices: tuple[int, ...], parallelism: Parallelism,
+                   dests: Mapping[int, Mapping[str, torch.Tensor]], min_version: int | None) -> int:
+        state = self._state(model)
+        plan = self.plan("read", model, devices, parallelism)
+        boxes = {d: self._layout(state, devices, parallelism).boxes(d) for d in dests}
+        with self._pinned(state, min_version) as (slot, version):
+            self.transport.run(read_program(self, state, plan, slot, {}, dests=dests, boxes=boxes))
+            return version
+
+    @contextmanager
+    def _pinned(self, state: ModelState, min_version: int | None) -> Iterator[tuple[int, int]]:
+        """Hold the committed slot (writers wait for it) for the duration of a read."""
+        with state.cond:
+            if min_version is not None and not state.cond.wait_for(lambda: state.version >= min_version,
+                                                                  self.config.read_timeout_s):
+                raise TimeoutError(f"GPS read of {state.name!r} waited {self.config.read_timeout_s}s for version "
+                                   f"{min_version}; committed version is {state.version}")
+            slot, version = state.committed, state.version
+            state.pins[slot] += 1
+        try:
+            yield slot, version
+        finally:
+            with state.cond:
+                state.pins[slot] -= 1
+                state.cond.notify_all()
+
+    # ---- Write ----------------------------------------------------------------------------------------
+    def write(self, model: str, devices: Sequence[int], parallelism: Parallelism,
+              shards: Mapping[int, Mapping[str, torch.Tensor]], *, background: bool = False) -> int | WriteHandle:
+        """Write(M, G, P): commit the devices' shards as the next version; returns it (or a WriteHandle).
+        With ``background`` the caller must not modify ``shards`` until the handle's ``wait()`` returns."""
+        state, devices = self._state(model), tuple(devices)
+        if not state.writable:
+            raise ValueError(f"model {model!r} is registered read-only (writable=False); GPS never writes it")
+        layout = self._layout(state, devices, parallelism)
+        origins = {d: layout.boxes(d) for d in devices if self._device_rank(d) == self.rank}
+        _check_shards(state, origins, shards)
+        future = self._worker.submit(self._write, state, devices, parallelism, shards, origins)
+        return WriteHandle(future) if background else future.result()
+
+    def _write(self, state: ModelState, devices: tuple[int, ...], parallelism: Parallelism,
+               shards: Mapping[int, Mapping[str, torch.Tensor]], origins: Mapping[int, Mapping[str, Box]]) -> int:
+        plan = self.plan("write", state.name, devices, parallelism)
+        with state.write_lock:
+            target = 1 - state.committed
+            with state.cond:
+                state.cond.wait_for(lambda: state.pins[target] == 0)
+            staged: dict[int, FlatBuffer] = {}
+            if self.transport.one_sided:
+                staged, _ = self._device_buffers(state, devices, parallelism)
+                self.transport.copy([(shards[d][n], buf.views[n]) for d, buf in staged.items() for n in buf.views])
+            self.transport.run(write_program(self, state, plan, target, shards, origins, staged))
+            if self.group is not None:
+                dist.barrier(group=self.group)
+            with state.cond:
+                state.committed, state.version = target, state.version + 1
+                state.cond.notify_all()
+                return state.version
+
+    # ---- process model and lifetime -------------------------------------------------------------------
+    def _serial(self, fn):  # type: ignore[no-untyped-def]
+        return self._worker.submit(fn).result()
+
+    def _maybe_serial(self, fn):  # type: ignore[no-untyped-def]
+        return fn() if self.group is None else self._serial(fn)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._worker.shutdown(wait=True)
+        self.release_buffers()
+        for state in self._models.values():
+            for slots in state.copies.values():
+                for buf in slots:
+                    self._unregister(buf)
+        self._models.clear()
+        self._plans.clear()
+        self.transport.close()
+        self._closed = True
+
+    def __enter__(self) -> GlobalParameterStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _make_transport(config: GPSConfig, group: dist.ProcessGroup) -> Transport:
+    if config.transport == "torch":
+        return TorchTransport(group, config.copy_threads)
+    if config.transport == "nixl":
+        from pivotrl.gps.transport_nixl import NixlTransport
+
+        return NixlTransport(group, config.copy_threads)
+    raise ValueError("transport 'local' cannot move data between the processes of a group; use 'nixl' or 'torch'")
+
+
+def _check_shards(state: ModelState, origins: Mapping[int, Mapping[str, Box]],
+                  shards: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+    for d, boxes in origins.items():
+        if d not in shards:
+            raise ValueError(f"write of {state.name!r}: no shards given for device {d}")
+        for name, box in boxes.items():
+            t = shards[d].get(name)
+            if t is None:
+                raise ValueError(f"write of {state.name!r}: device {d} is missing {name}")
+            if tuple(t.shape) != box.shape or t.dtype != state.dtypes[name]:
+                raise ValueError(f"write of {state.name!r}: device {d} gave {name} as {tuple(t.shape)} "
+                                 f"{t.dtype}, expected {box.shape} {state.dtypes[name]}")
+
+
+__all__ = ["GPSConfig", "GlobalParameterStorage", "ReadResult", "WriteHandle"]

@@ -1,0 +1,53 @@
+"""Flat buffers and byte runs: copying the paired runs of two regions moves exactly what a view copy moves
+(this is what NIXL descriptors are built from)."""
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pivotrl.gps.buffers import ALIGN_BYTES, BufferGeometry, FlatBuffer, paired_runs
+from pivotrl.gps.layout import Box
+
+
+@st.composite
+def nested_boxes(draw: st.DrawFn) -> tuple[tuple[int, ...], Box, Box, Box]:
+    """A parameter shape, two pieces of it and a box inside both."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 6)) for _ in range(ndim))
+    inner = [sorted(draw(st.tuples(st.integers(0, n - 1), st.integers(1, n)).filter(lambda ab: ab[0] < ab[1])))
+             for n in shape]
+    outer = []
+    for _ in range(2):
+        outer.append(Box(tuple(draw(st.integers(0, a)) for a, _ in inner),
+                         tuple(draw(st.integers(b, n)) for (_, b), n in zip(inner, shape))))
+    box = Box(tuple(a for a, _ in inner), tuple(b for _, b in inner))
+    return shape, outer[0], outer[1], box
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested_boxes(), st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
+def test_paired_runs_copy_exactly_the_box(case: tuple, dtype: torch.dtype) -> None:
+    shape, origin_a, origin_b, box = case
+    full = (torch.arange(Box.full(shape).numel) + 1).reshape(shape).to(dtype)
+    a = FlatBuffer(BufferGeometry({"w": origin_a, "pad": Box((0,), (3,))}, {"w": dtype, "pad": dtype}))
+    b = FlatBuffer(BufferGeometry({"pad": Box((0,), (5,)), "w": origin_b}, {"w": dtype, "pad": dtype}))
+    a.views["w"].copy_(full[origin_a.slices()])
+    src, dst = a.region("w", box), b.region("w", box)
+    src_off, dst_off, run = paired_runs(src, dst)
+    assert len(src_off) == len(dst_off) and run * len(src_off) == box.numel * src.itemsize
+    for s, d in zip(src_off.tolist(), dst_off.tolist()):
+        b.tensor[d: d + run].copy_(a.tensor[s: s + run])
+    assert torch.equal(dst.view(), full[box.slices()])
+    untouched = torch.ones(b.views["w"].shape, dtype=torch.bool)
+    untouched[box.slices(origin_b)] = False
+    assert (b.views["w"][untouched] == 0).all()  # nothing outside the box was written
+
+
+def test_geometry_is_aligned_and_deterministic() -> None:
+    boxes = {"a": Box((0,), (3,)), "b": Box((0, 0), (2, 5))}
+    dtypes = {"a": torch.bfloat16, "b": torch.float32}
+    g1, g2 = BufferGeometry(boxes, dtypes), BufferGeometry(dict(boxes), dict(dtypes))
+    assert g1.offsets == g2.offsets == {"a": 0, "b": ALIGN_BYTES} and g1.nbytes == 2 * ALIGN_BYTES
+    buf = FlatBuffer(g1, share=True)
+    assert buf.tensor.is_shared() and buf.views["b"].shape == (2, 5) and buf.views["b"].dtype == torch.float32
