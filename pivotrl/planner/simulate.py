@@ -64,7 +64,7 @@ class RoleSimulator:
         self.a_uniform: float | None = self._A[0] if self._A and len(set(self._A)) == 1 else None
         self._start = _Run.empty(self, size)
         for slot in range(len(replicas)):
-            self._refresh(self._start, slot, self._n[slot], self._t[slot])
+            self._set(self._start, None, slot, self._n[slot], self._t[slot])
         self.throughput = self._aggregate(self._start, len(replicas))  # current aggregate throughput (tokens/s)
 
     # ------------------------------------------------------------------ replays
@@ -112,58 +112,67 @@ class RoleSimulator:
         return [(seq_id, prompt if restart else tokens, slot) for tokens, seq_id, prompt in self._seqs[slot]]
 
     def _migrate(self, run: "_Run", num_slots: int) -> None:
-        """Alg. 4's loop: move the max-T replica's shortest sequence while ΣT rises (lazy max-heap)."""
-        T = run.T.tolist()
-        heap = [(-T[s], s, T[s]) for s in range(num_slots) if run.free[s] > -np.inf]
+        """Alg. 4's loop: move the max-T replica's shortest sequence to the arg-max ΔT replica while ΣT
+        rises by more than 1e-12 of itself (ShiftAwareScheduler._migrate / _try_migrate_shortest).
+
+        One function with the slot updates inlined: this loop is most of a decision's time when a
+        role with many small replicas shifts up. ``T_py`` mirrors ``run.T`` in Python floats for
+        the lazy max-heap; ΣT for the threshold is tracked and summed exactly only near the edge.
+        """
+        T, base, n1, free, n, t = run.T, run.base, run.n1, run.free, run.n, run.t
+        a_uniform, seqs = self.a_uniform, run.seqs
+        T_py = T.tolist()
+        heap = [(-T_py[s], s, T_py[s]) for s in range(num_slots) if free[s] > -np.inf]
         heapq.heapify(heap)
-        run.total = float(run.T.sum())  # Σ T, kept up to date by the moves (the threshold's scale)
-        for _ in range(sum(run.n) + 1):
-            src = _pop_max(heap, run.T)
-            if src is None or run.n[src] == 0:
-                break
-            moved = self._try_move(run, src)
-            if moved is None:
-                break
-            dst, t_src, t_dst = moved
-            heapq.heappush(heap, (-t_src, src, t_src))
-            heapq.heappush(heap, (-t_dst, dst, t_dst))
-
-    def _try_move(self, run: "_Run", src: int) -> tuple[int, float, float] | None:
-        """Move src's shortest sequence to the arg-max ΔT slot if ΣT strictly rises; new T of both."""
-        before = float(run.T[src])
-        seq, t_src = self._detach_shortest(run, src)
-        tokens = seq[0]
-        gain = self._gain(run, tokens)
-        dst = int(gain.argmax())
-        if not run.free[dst] >= tokens:  # the unconstrained arg-max has room in the usual case
-            gain[run.free < tokens] = -np.inf
+        total = float(T.sum())
+        pop, push = heapq.heappop, heapq.heappush
+        for _ in range(sum(n) + 1):
+            while heap:  # the current max T (lowest slot on ties); stale entries are skipped
+                _, src, value = pop(heap)
+                if value == T_py[src]:
+                    break
+            else:
+                return
+            if n[src] == 0:
+                return
+            before = T_py[src]
+            seq = pop(seqs(src))
+            tokens = seq[0]
+            t_src = self._set(run, T_py, src, n[src] - 1, t[src] - tokens if n[src] > 1 else 0)
+            gain = base + a_uniform * tokens if a_uniform is not None else self.vA * tokens + base
+            np.divide(n1, gain, gain)
+            np.subtract(gain, T, gain)
             dst = int(gain.argmax())
-        best = float(gain[dst])
-        improvement = best - (before - t_src)
-        if dst == src or not math.isfinite(best) or not self._improves(run, improvement):
-            self._attach(run, src, seq)
-            return None
-        t_dst = self._attach(run, dst, seq)
-        run.total += improvement
-        return dst, t_src, t_dst
+            if not free[dst] >= tokens:  # the unconstrained arg-max has room in the usual case
+                gain[free < tokens] = -np.inf
+                dst = int(gain.argmax())
+            best = float(gain[dst])
+            improvement = best - (before - t_src)
+            moves = dst != src and math.isfinite(best) and (
+                improvement > _IMPROVEMENT_RTOL * total * (1 + 1e-6)
+                or improvement > _IMPROVEMENT_RTOL * max(float(T.sum()), 1e-300))
+            target = dst if moves else src  # a refused move restores the sequence where it was
+            push(seqs(target), seq)
+            t_dst = self._set(run, T_py, target, n[target] + 1, t[target] + tokens)
+            if not moves:
+                return
+            total += improvement
+            push(heap, (-t_src, src, t_src))
+            push(heap, (-t_dst, dst, t_dst))
 
-    @staticmethod
-    def _improves(run: "_Run", improvement: float) -> bool:
-        """improvement > 1e-12·ΣT, the scheduler's test; ΣT is summed only when the margin is thin."""
-        if improvement > _IMPROVEMENT_RTOL * run.total * (1 + 1e-6):
-            return True
-        return improvement > _IMPROVEMENT_RTOL * max(float(run.T.sum()), 1e-300)
-
-    def _gain(self, run: "_Run", tokens: int) -> np.ndarray:
-        """ΔT of a ``tokens`` sequence on every slot: ``n1 / (A·tokens + base) - T`` (fresh array)."""
-        if self.a_uniform is not None:
-            gain = run.base + self.a_uniform * tokens
-        else:
-            gain = self.vA * tokens
-            gain += run.base
-        np.divide(run.n1, gain, gain)
-        np.subtract(gain, run.T, gain)
-        return gain
+    def _set(self, run: "_Run", T_py: list[float] | None, slot: int, n: int, t: int) -> float:
+        """Give ``slot`` (n, t) and refresh its ΔT terms and T (ReplicaTable.change/refresh); returns T."""
+        A, B, C, D = self.coef[slot]
+        n1 = n + 1
+        value = n / (A * t + max(B, C * n) + D) if n else 0.0
+        run.n[slot], run.t[slot] = n, t
+        run.n1[slot] = n1
+        run.base[slot] = A * t + max(B, C * n1) + D
+        run.T[slot] = value
+        run.free[slot] = self._cap[slot] - t - 0.0 * n1
+        if T_py is not None:
+            T_py[slot] = value
+        return value
 
     @staticmethod
     def _aggregate(run: "_Run", num_slots: int) -> float:
@@ -171,32 +180,6 @@ class RoleSimulator:
         return float(run.T[: _table_size(num_slots)].sum())
 
     # ------------------------------------------------------------------ slot bookkeeping
-    def _attach(self, run: "_Run", slot: int, seq: tuple[int, int, int]) -> float:
-        heapq.heappush(run.seqs(slot), seq)
-        n = run.n[slot] + 1
-        t = run.t[slot] + seq[0]
-        run.n[slot], run.t[slot] = n, t
-        return self._refresh(run, slot, n, t)
-
-    def _detach_shortest(self, run: "_Run", slot: int) -> tuple[tuple[int, int, int], float]:
-        seq = heapq.heappop(run.seqs(slot))
-        n = run.n[slot] - 1
-        t = run.t[slot] - seq[0] if n else 0
-        run.n[slot], run.t[slot] = n, t
-        return seq, self._refresh(run, slot, n, t)
-
-    def _refresh(self, run: "_Run", slot: int, n: int, t: int) -> float:
-        """ReplicaTable.refresh: the ΔT terms and throughput of one slot from its (n, t); returns T."""
-        A, B, C, D = self.coef[slot]
-        n1 = n + 1
-        T = n / (A * t + max(B, C * n) + D) if n else 0.0
-        run.n1[slot] = n1
-        run.base[slot] = A * t + max(B, C * n1) + D
-        run.T[slot] = T
-        run.free[slot] = self._cap[slot] - t - 0.0 * n1
-        return T
-
-
 class _Run:
     """Mutable state of one replay: slot vectors and counters, sequence heaps built on first use."""
 
