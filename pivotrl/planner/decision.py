@@ -13,10 +13,12 @@ Every strategy returns a ``Decision``; an executor (the runtime, or the simulato
 
 Each ``NewReplica`` names its own role. Plans of the five-step planner only create replicas of
 ``up_role``; the ``static`` strategy lends the idle training devices to both inference roles at
-once (its ``up_role`` is then "rollout", the first role it serves).
+once (its ``up_role`` is then the role of its first new replica). ``Strategy.migration`` and
+``Strategy.restart_aborted`` tell an executor how the strategy assumed shifts are carried out
+(the ablations of Fig. 11 run without migration: aborted sequences restart from their prompts).
 
-Invariant (``ShiftPlan.__post_init__`` checks what it can without the state; ``validate`` checks
-the rest): a plan never gives a device two roles: the new replicas' device sets are pairwise
+Invariant (``ShiftPlan.__post_init__`` checks what it can without the state; ``validate_plan``
+checks the rest): a plan never gives a device two roles: the new replicas' device sets are pairwise
 disjoint, and no new replica lands on a device still held by a replica that is not shifting down.
 """
 from __future__ import annotations
