@@ -51,3 +51,18 @@ def test_eq1_weighted_harmonic_mean():
     assert overall_throughput({"rollout": 0, "reward": 5}, {"rollout": 0.0, "reward": 7.0}) == 7.0
     assert overall_throughput({"rollout": 3, "reward": 5}, {"rollout": 0.0, "reward": 7.0}) == 0.0
     assert overall_throughput({"rollout": 0, "reward": 0}, {"rollout": 1.0, "reward": 1.0}) == 0.0
+
+
+def test_restarted_sequences_lose_their_generated_tokens():
+    from dataclasses import replace
+    state = random_state(11, max_seqs=15)
+    for role in INFERENCE_ROLES:
+        spec, replicas = state.roles[role], state.replicas_of(role)
+        if not replicas:
+            continue
+        leaving = [replicas[0].replica_id]
+        fresh = [replace(r, sequences=tuple(replace(s, generated_tokens=0) for s in r.sequences))
+                 if r.replica_id in leaving else r for r in replicas]
+        kw = dict(new_model=spec.model, new_kv_capacity_tokens=spec.kv_capacity_tokens)
+        restart = RoleSimulator(replicas, spec.waiting, restart_aborted=True, **kw).after_shift_down(leaving)
+        assert restart == RoleSimulator(fresh, spec.waiting, **kw).after_shift_down(leaving)
