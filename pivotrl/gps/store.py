@@ -344,6 +344,8 @@ class GlobalParameterStorage:
     def close(self) -> None:
         if self._closed:
             return
+        if self.group is not None:  # peers may still be reading this process's copies one-sidedly
+            self._serial(lambda: dist.barrier(group=self.group))
         self._worker.shutdown(wait=True)
         self.release_buffers()
         for state in self._models.values():
