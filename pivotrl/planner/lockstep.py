@@ -80,7 +80,7 @@ class Rows:
         np.divide(terms[0], gain, gain)
         np.subtract(gain, terms[2], gain)
         col = gain.argmax(axis=1)
-        ok = terms[3][np.arange(len(rows)), col] >= tokens
+        ok = terms[3][self.all_rows[: len(rows)], col] >= tokens
         if not ok.all():  # the unconstrained arg-max is full: exclude full slots and look again
             bad = np.flatnonzero(~ok)
             sub = gain[bad]
@@ -130,16 +130,21 @@ def walk_shift_up(sim: "RoleSimulator", start: "_Run", counts: Sequence[int]) ->
     rows.set_empty((slots >= lo) & (slots < lo + np.asarray(counts)[:, None]))
     queue = sim.waiting
     mode = np.ones(len(counts), dtype=np.int8)  # 1: new replicas only, 2: every replica, 0: stopped
+    in_mode = {1: rows.all_rows, 2: rows.all_rows[:0]}
     placed = np.full((len(counts), len(queue)), -1, dtype=np.int64)
+    phases = ((1, lo, hi), (2, 0, rows.n.shape[1]))
     for pos, (_, tokens, _) in enumerate(queue):
-        for phase, (a, b) in ((1, (lo, hi)), (2, (0, rows.n.shape[1]))):
-            members = rows.all_rows if phase == 1 and (mode == 1).all() else np.flatnonzero(mode == phase)
+        for phase, a, b in phases:
+            members = in_mode[phase]
             if not len(members):
                 continue
             col, ok = rows.best(members, tokens, a, b)
-            rows.attach(members[ok], col[ok], tokens)
-            placed[members[ok], pos] = col[ok]
-            mode[members[~ok]] = 2 if phase == 1 else 0
+            if not ok.all():  # Dispatch stops for these rows: phase 1 hands over to phase 2, which ends
+                mode[members[~ok]] = 2 if phase == 1 else 0
+                in_mode = {1: np.flatnonzero(mode == 1), 2: np.flatnonzero(mode == 2)}
+                members, col = members[ok], col[ok]
+            rows.attach(members, col, tokens)
+            placed[members, pos] = col
     return rows, mode > 0, placed
 
 
