@@ -1,0 +1,158 @@
+"""Configuration of one simulation: scenario, deployment and run (paper §8.1, Table 1, Table 4).
+
+A scenario is a model group on a cluster (Table 1 models, tensor parallelism per role, device
+kind and count) plus the workload; a deployment is how the cluster is used: ``colocated``,
+``disaggregated`` (fixed rollout/reward/training split), ``rr_colocated`` (rollout and reward share
+a pool, training separate) or ``shiftable`` (a planner strategy shifts devices; PivotRL is the
+strategy ``pivotrl``). ``SCENARIOS`` holds the paper's four model groups; the batch of each is
+a documented choice (32 GRPO sequences per device per step), not taken from the paper.
+
+Invariant: every config validates its fields in ``__post_init__`` and names the bad field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pivotrl.sim.catalog import DEVICES, MODELS
+from pivotrl.sim.costs import CostConfig
+from pivotrl.sim.truth import HardwareConfig
+from pivotrl.sim.workload import WorkloadConfig
+
+__all__ = ["Scenario", "DeploymentConfig", "SimConfig", "SCENARIOS", "scenario", "DeploymentKind",
+           "STRATEGIES"]
+
+DeploymentKind = Literal["colocated", "disaggregated", "rr_colocated", "shiftable"]
+_KINDS = ("colocated", "disaggregated", "rr_colocated", "shiftable")
+STRATEGIES = ("pivotrl", "static", "rule", "vanilla", "model")
+
+
+@dataclass(kw_only=True, slots=True)
+class Scenario:
+    """A model group on a cluster, with its workload."""
+
+    name: str
+    policy: str  # a key of catalog.MODELS
+    reward: str  # the GenRM, a key of catalog.MODELS
+    device: str = "H20"  # a key of catalog.DEVICES
+    num_devices: int = 32
+    policy_tp: int = 1  # devices per rollout replica
+    reward_tp: int = 1  # devices per GenRM replica
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+
+    def __post_init__(self) -> None:
+        for name, table in (("policy", MODELS), ("reward", MODELS), ("device", DEVICES)):
+            if getattr(self, name) not in table:
+                raise ValueError(f"Scenario.{name} must be one of {sorted(table)}, got {getattr(self, name)!r}")
+        for name in ("policy_tp", "reward_tp"):
+            tp = getattr(self, name)
+            if tp < 1 or self.num_devices % tp:
+                raise ValueError(f"Scenario.{name} must be >= 1 and divide num_devices={self.num_devices}, got {tp}")
+
+    @property
+    def unit(self) -> int:
+        """Device granularity shared by both inference roles (lcm of the two tp)."""
+        a, b = self.policy_tp, self.reward_tp
+        while b:
+            a, b = b, a % b
+        return self.policy_tp * self.reward_tp // a
+
+
+@dataclass(kw_only=True, slots=True)
+class DeploymentConfig:
+    """How the scenario's devices are used."""
+
+    kind: DeploymentKind
+    rollout_devices: int = 0  # disaggregated: rollout pool; rr_colocated: the shared pool
+    reward_devices: int = 0  # disaggregated: reward pool; shiftable with initial="split": reward start
+    training_devices: int = 0  # disaggregated / rr_colocated / shiftable: the (fixed) training set
+    strategy: str = "pivotrl"  # shiftable: a planner strategy name
+    strategy_cfg: dict[str, Any] = field(default_factory=dict)  # keyword arguments of make_strategy
+    initial: Literal["rollout", "split"] = "rollout"  # shiftable: every device on rollout, or the split
+    staleness: int = 2  # max policy-version lag of a rollout behind training (colocated runs at 0)
+    tick_s: float = 2.0  # shiftable: seconds between planner decisions (right after a shift or event)
+    max_tick_s: float = 16.0  # shiftable: the interval doubles after each no-shift decision, up to this
+    label: str = ""  # a display name (default: kind or strategy)
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"DeploymentConfig.kind must be one of {_KINDS}, got {self.kind!r}")
+        if self.initial not in ("rollout", "split"):
+            raise ValueError(f"DeploymentConfig.initial must be 'rollout' or 'split', got {self.initial!r}")
+        if self.kind == "shiftable" and self.strategy not in STRATEGIES:
+            raise ValueError(f"DeploymentConfig.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        for name in ("rollout_devices", "reward_devices", "training_devices", "staleness"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"DeploymentConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.tick_s <= self.max_tick_s:
+            raise ValueError(f"DeploymentConfig: need 0 < tick_s <= max_tick_s, got {self.tick_s}, {self.max_tick_s}")
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        return self.strategy if self.kind == "shiftable" else self.kind
+
+    def check(self, sc: Scenario) -> None:
+        """Validate the device split against a scenario."""
+        n, k = sc.num_devices, self.kind
+        ro, rm, tr = self.rollout_devices, self.reward_devices, self.training_devices
+        if k == "disaggregated":
+            _need(ro + rm + tr == n and min(ro, rm, tr) > 0, f"disaggregated needs rollout+reward+training = {n}, each > 0")
+            _need(ro % sc.policy_tp == 0 and rm % sc.reward_tp == 0, "pools must be multiples of each role's tp")
+        elif k == "rr_colocated":
+            _need(ro + tr == n and ro > 0 and tr > 0, f"rr_colocated needs shared (rollout_devices) + training = {n}")
+            _need(ro % sc.unit == 0, f"the shared pool must be a multiple of {sc.unit} devices")
+        elif k == "shiftable":
+            _need(0 < tr <= n, f"shiftable needs 0 < training_devices <= {n}")
+            if self.initial == "split":
+                _need(ro + rm == n - tr and ro % sc.policy_tp == 0 and rm % sc.reward_tp == 0,
+                      "initial='split' needs rollout+reward = the non-training devices, aligned to tp")
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"DeploymentConfig: {message}")
+
+
+@dataclass(kw_only=True, slots=True)
+class SimConfig:
+    """One simulation run."""
+
+    scenario: Scenario
+    deployment: DeploymentConfig
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    costs: CostConfig = field(default_factory=CostConfig)
+    seed: int = 0
+    record_timeline: bool = False  # sample per-role throughput and allocation over time
+    sample_s: float = 10.0  # timeline sampling period of static deployments
+    max_time_s: float = 1e7  # give up (raise) if the run has not finished by then
+
+    def __post_init__(self) -> None:
+        self.deployment.check(self.scenario)
+        if self.sample_s <= 0 or self.max_time_s <= 0:
+            raise ValueError("SimConfig.sample_s and SimConfig.max_time_s must be > 0")
+
+
+def _group(name: str, policy: str, reward: str, n: int, ptp: int, rtp: int) -> Scenario:
+    wl = WorkloadConfig(prompts_per_step=2 * n)  # 32 sequences per device per step (group size 16)
+    return Scenario(name=name, policy=policy, reward=reward, num_devices=n, policy_tp=ptp, reward_tp=rtp, workload=wl)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "1.5B+9B": _group("Qwen2.5-1.5B & GLM-Z1-9B", "Qwen2.5-1.5B", "GLM-Z1-9B", 32, 1, 1),
+    "7B+30B": _group("Qwen2.5-7B & Qwen3-30B-A3B", "Qwen2.5-7B", "Qwen3-30B-A3B", 32, 1, 4),
+    "32B+30B": _group("Qwen2.5-32B & Qwen3-30B-A3B", "Qwen2.5-32B", "Qwen3-30B-A3B", 64, 4, 4),
+    "72B+122B": _group("Qwen2.5-72B & Qwen3.5-122B-A10B", "Qwen2.5-72B", "Qwen3.5-122B-A10B", 128, 8, 8),
+}
+
+
+def scenario(key: str, **overrides: Any) -> Scenario:
+    """A fresh copy of a preset (``SCENARIOS`` keys), with fields overridden."""
+    if key not in SCENARIOS:
+        raise ValueError(f"unknown scenario {key!r}; known: {sorted(SCENARIOS)}")
+    base = SCENARIOS[key]
+    fields = {f: getattr(base, f) for f in ("name", "policy", "reward", "device", "num_devices", "policy_tp", "reward_tp")}
+    fields["workload"] = WorkloadConfig(**{f: getattr(base.workload, f) for f in WorkloadConfig.__dataclass_fields__})
+    fields.update(overrides)
+    return Scenario(**fields)

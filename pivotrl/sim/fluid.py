@@ -1,0 +1,78 @@
+"""A fluid upper bound on end-to-end throughput for one scenario (perfectly elastic, free shifts).
+
+Any deployment's run time is at least the larger of two bounds:
+
+* work: every device·second of useful work on N devices. A generated token at context ``c`` costs
+  at least ``tp·(A·c + C)`` device·seconds (attention reads plus its share of the compute-bound
+  GEMMs; the weight-streaming floor, overheads and noise only add), every sequence is prefilled at
+  least once, and a training step costs ``6·params·tokens / (flops·MFU)`` device·seconds;
+* critical path: a sequence cannot decode faster than alone on its replica
+  (``A·c + max(B(1), C) + E + D`` per token), its judgement starts after it, a step trains after its
+  last judgement and after the previous step, on at most N devices, and step ``s`` starts only
+  after step ``s − staleness − 1`` trained.
+
+The bound is exact arithmetic on the workload (numpy, closed form per sequence); it ignores shift
+costs, migration, KV capacity and the version-publication delay, all of which only add time.
+Invariant: ``FluidBound.tps >= SimResult.tps`` for every deployment with staleness <= the bound's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pivotrl.sim.catalog import device_spec, model_spec
+from pivotrl.sim.config import Scenario
+from pivotrl.sim.costs import CostConfig, CostModel
+from pivotrl.sim.truth import HardwareConfig, TrueLatency
+from pivotrl.sim.workload import Workload
+
+__all__ = ["FluidBound", "fluid_bound"]
+
+
+@dataclass(frozen=True, slots=True)
+class FluidBound:
+    tps: float  # generated tokens / max(work_s, path_s)
+    work_s: float  # total device·seconds / N
+    path_s: float  # critical path through the steps
+    generated_tokens: int
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.work_s, self.path_s)
+
+
+def _decode(truth: TrueLatency, prompt: np.ndarray, response: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence: (device·seconds lower bound, wall-seconds lower bound) of prefill + decode."""
+    p = prompt.astype(np.float64)
+    r = response.astype(np.float64)
+    context_sum = r * p + r * (r - 1) / 2.0  # Σ_j (p + j) over the r generated tokens
+    prefill = truth.prefill_per_token_s * p + truth.prefill_per_token2_s * p * p
+    work = truth.tp * (prefill + truth.A * context_sum + truth.C * r)
+    path = prefill + truth.A * context_sum + truth.fixed_s(1) * r
+    return work, path
+
+
+def fluid_bound(sc: Scenario, workload: Workload, hardware: HardwareConfig | None = None,
+                costs: CostConfig | None = None, staleness: int = 2) -> FluidBound:
+    hw = hardware or HardwareConfig()
+    device = device_spec(sc.device)
+    policy, reward = model_spec(sc.policy), model_spec(sc.reward)
+    cost = CostModel(device, costs or CostConfig())
+    ro = TrueLatency.build(policy, device, sc.policy_tp, hw)
+    rm = TrueLatency.build(reward, device, sc.reward_tp, hw)
+    wl, n = workload, sc.num_devices
+    judge_prompt = wl.prompt + wl.response + wl.judge_template_tokens
+    ro_work, ro_path = _decode(ro, wl.prompt, wl.response)
+    rm_work, rm_path = _decode(rm, judge_prompt, wl.judgement)
+    train_work = np.array([cost.training_device_s(policy, wl.training_tokens(s)) for s in range(wl.num_steps)])
+    work_s = float(ro_work.sum() + rm_work.sum() + train_work.sum()) / n
+    seq_path = (ro_path + rm_path).max(axis=1)  # per step: the slowest rollout + judgement chain
+    trained: list[float] = []
+    for s in range(wl.num_steps):
+        start = trained[s - staleness - 1] if s - staleness - 1 >= 0 else 0.0
+        previous = trained[s - 1] if s else 0.0
+        trained.append(max(start + float(seq_path[s]), previous) + float(train_work[s]) / n)
+    tokens = wl.generated_tokens()
+    path_s = trained[-1]
+    return FluidBound(tps=tokens / max(work_s, path_s), work_s=work_s, path_s=path_s, generated_tokens=tokens)

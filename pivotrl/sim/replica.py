@@ -1,0 +1,151 @@
+"""One simulated inference replica: the ground truth a real engine would be (paper §6, App. A).
+
+A replica runs continuous batching: from its ``clock`` (an iteration boundary) on, its current set
+of sequences decodes one token each per iteration, with the latency of ``truth`` times a noise
+factor drawn whenever the set changes. Between changes the state moves in closed form
+(``series``); a change (a sequence joins, leaves or finishes) takes effect at the first iteration
+boundary at or after the moment it is requested, as in a real engine step loop, and a joining
+sequence first prefills its prompt plus any tokens it already generated (re-prefill on migration).
+
+Invariants: ``tokens`` = Σ (prompt + generated) over the sequences; a sequence's generated count is
+``gen_offset + iteration``; every token counted in ``generated_total`` was produced exactly once;
+the clock never moves backwards.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from pivotrl.sim.series import iterations_to_reach, series_time
+from pivotrl.sim.truth import TrueLatency, noise_factor
+
+__all__ = ["SimReplica"]
+
+EPS_S = 1e-9  # times closer than this are the same instant (float round-off of summed series)
+
+
+class SimReplica:
+    """Closed-form state of one engine instance."""
+
+    __slots__ = ("replica_id", "role", "device_ids", "truth", "clock", "iteration", "tokens", "seqs", "ends",
+                 "K", "factor", "version", "generated_total", "_rng", "_sigma")
+
+    def __init__(self, replica_id: int, role: str, device_ids: tuple[int, ...], truth: TrueLatency,
+                 rng: np.random.Generator, sigma: float, clock: float) -> None:
+        self.replica_id = replica_id
+        self.role = role
+        self.device_ids = device_ids
+        self.truth = truth
+        self.clock = clock  # time from which the current set of sequences runs
+        self.iteration = 0  # decode iterations since the replica started
+        self.tokens = 0  # KV tokens held at ``clock``
+        self.seqs: dict[int, list[int]] = {}  # seq_id -> [prompt, gen_offset, end_iteration]
+        self.ends: list[tuple[int, int]] = []  # (end_iteration, seq_id), lazily cleaned
+        self.K = truth.fixed_s(0)
+        self.factor = 1.0
+        self.version = 0  # bumped on every change: completion events carry it
+        self.generated_total = 0
+        self._rng = rng
+        self._sigma = sigma
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    def generated(self, seq_id: int) -> int:
+        return self.seqs[seq_id][1] + self.iteration
+
+    def sequences(self) -> list[tuple[int, int, int]]:
+        """(seq_id, prompt_tokens, generated_tokens) of every running sequence at ``clock``."""
+        it = self.iteration
+        return [(sid, rec[0], rec[1] + it) for sid, rec in self.seqs.items()]
+
+    def remaining_min(self) -> int:
+        """Iterations until the next sequence finishes (requires a sequence)."""
+        ends, seqs = self.ends, self.seqs
+        while True:
+            end, sid = ends[0]
+            rec = seqs.get(sid)
+            if rec is not None and rec[2] == end:
+                return end - self.iteration
+            heapq.heappop(ends)
+
+    def next_completion(self) -> float | None:
+        """Time of the next completion, or None when empty."""
+        if not self.seqs:
+            return None
+        r = self.remaining_min()
+        return self.clock + series_time(self.truth.A, self.K, self.tokens, len(self.seqs), r, self.factor)
+
+    def throughput(self) -> float:
+        """True tokens/s right now (what a monitor measures)."""
+        n = len(self.seqs)
+        return n / (self.factor * (self.truth.A * self.tokens + self.K)) if n else 0.0
+
+    # ------------------------------------------------------------------ evolution
+    def sync(self, now: float, to_completion: bool = False) -> tuple[int, list[int]]:
+        """Advance to the first iteration boundary at or after ``now`` (or to the next completion).
+
+        Returns the iterations advanced and the sequences that finished at the new ``clock``
+        (removed from the replica); the caller must mirror both in the scheduler.
+        """
+        n = len(self.seqs)
+        if n == 0:
+            self.clock = max(self.clock, now)
+            return 0, []
+        if now <= self.clock + EPS_S and not to_completion:
+            return 0, []
+        r = self.remaining_min()
+        if to_completion:
+            m = r
+        else:
+            m = min(r, iterations_to_reach(self.truth.A, self.K, self.tokens, n, now - self.clock, self.factor))
+        if m == 0:
+            return 0, []
+        self.clock += series_time(self.truth.A, self.K, self.tokens, n, m, self.factor)
+        self.tokens += m * n
+        self.iteration += m
+        self.generated_total += m * n
+        return m, self._pop_finished() if m == r else []
+
+    def _pop_finished(self) -> list[int]:
+        done: list[int] = []
+        ends, seqs, it = self.ends, self.seqs, self.iteration
+        while ends and ends[0][0] <= it:
+            end, sid = heapq.heappop(ends)
+            rec = seqs.get(sid)
+            if rec is not None and rec[2] == end:
+                self.tokens -= rec[0] + rec[1] + it
+                del seqs[sid]
+                done.append(sid)
+        return sorted(done)
+
+    def join(self, seq_id: int, prompt: int, generated: int, response: int, now: float) -> float:
+        """Start ``seq_id`` at the next boundary; returns its (noisy) prefill seconds."""
+        if generated >= response:
+            raise ValueError(f"seq {seq_id}: generated {generated} >= response {response}")
+        prefill = self.truth.prefill_s(prompt + generated) * noise_factor(self._rng, self._sigma)
+        self.clock = max(self.clock, now) + prefill
+        self.seqs[seq_id] = [prompt, generated - self.iteration, self.iteration + response - generated]
+        self.tokens += prompt + generated
+        heapq.heappush(self.ends, (self.iteration + response - generated, seq_id))
+        return prefill
+
+    def leave(self, seq_id: int) -> int:
+        """Stop ``seq_id`` (it keeps its tokens elsewhere); returns its generated tokens."""
+        prompt, offset, _ = self.seqs.pop(seq_id)
+        generated = offset + self.iteration
+        self.tokens -= prompt + generated
+        return generated
+
+    def stall(self, now: float, seconds: float) -> None:
+        """Pause the replica for ``seconds`` from its next boundary (e.g. loading new weights)."""
+        self.clock = max(self.clock, now) + seconds
+
+    def refresh(self) -> None:
+        """The set of sequences changed: new per-iteration constant, new noise draw, new version."""
+        self.K = self.truth.fixed_s(len(self.seqs))
+        self.factor = noise_factor(self._rng, self._sigma)
+        self.version += 1

@@ -1,0 +1,71 @@
+"""Run one simulation, and tune a deployment by grid search as the paper tuned its baselines (§8.1, App. E).
+
+``simulate(cfg)`` builds the deployment's controller and runs it. ``grid_search`` tries every
+static allocation on a grid (disaggregated: rollout/reward/training pools; rr_colocated:
+shared/training; shiftable: the size of the fixed training set) and keeps the fastest. The grid step
+is ``max(lcm(tp), N/8)`` devices, so every model group has the same number of candidates
+(21 disaggregated, 7 rr_colocated, 4 shiftable) whatever its size.
+
+Invariant: every candidate of a grid search runs the same workload (same seed), so they differ
+only in allocation.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from pivotrl.sim.config import DeploymentConfig, Scenario, SimConfig
+from pivotrl.sim.deployments import Colocated, Controller, Disaggregated, RRColocated
+from pivotrl.sim.engine import Simulator
+from pivotrl.sim.results import SimResult
+from pivotrl.sim.shiftable import Shiftable
+from pivotrl.sim.workload import Workload
+
+__all__ = ["make_controller", "simulate", "grid_step", "allocations", "grid_search"]
+
+
+def make_controller(cfg: SimConfig, strategy: Any = None) -> Controller:
+    d, sc = cfg.deployment, cfg.scenario
+    if d.kind == "colocated":
+        return Colocated(sc.num_devices)
+    if d.kind == "disaggregated":
+        return Disaggregated(d.rollout_devices, d.reward_devices, d.training_devices)
+    if d.kind == "rr_colocated":
+        return RRColocated(d.rollout_devices, d.training_devices)
+    return Shiftable(sc, d, strategy)
+
+
+def simulate(cfg: SimConfig, strategy: Any = None, workload: Workload | None = None) -> SimResult:
+    """Run one deployment; ``strategy`` overrides the registry (a ``planner.Strategy`` object)."""
+    return Simulator(cfg, make_controller(cfg, strategy), workload).run()
+
+
+def grid_step(sc: Scenario) -> int:
+    return max(sc.unit, sc.num_devices // 8)
+
+
+def allocations(sc: Scenario, base: DeploymentConfig) -> list[DeploymentConfig]:
+    """Every allocation of ``base.kind`` on the grid (colocated has exactly one)."""
+    n, g = sc.num_devices, grid_step(sc)
+    rep = dataclasses.replace
+    if base.kind == "colocated":
+        return [base]
+    if base.kind == "disaggregated":
+        return [rep(base, rollout_devices=ro, reward_devices=n - ro - tr, training_devices=tr)
+                for tr in range(g, n, g) for ro in range(g, n - tr, g)]
+    if base.kind == "rr_colocated":
+        return [rep(base, rollout_devices=n - tr, reward_devices=0, training_devices=tr) for tr in range(g, n, g)]
+    return [rep(base, training_devices=tr) for tr in range(g, n // 2 + 1, g)]
+
+
+def grid_search(cfg: SimConfig, workload: Workload | None = None,
+                on_result: Callable[[SimResult], None] | None = None) -> tuple[SimResult, list[SimResult]]:
+    """Simulate every allocation of ``cfg.deployment.kind``; return the best and all results."""
+    wl = workload if workload is not None else Workload.sample(cfg.scenario.workload, cfg.seed)
+    results: list[SimResult] = []
+    for dep in allocations(cfg.scenario, cfg.deployment):
+        res = simulate(dataclasses.replace(cfg, deployment=dep), workload=wl)
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+    return max(results, key=lambda r: r.tps), results
