@@ -12,12 +12,13 @@ Invariant: every demand is served exactly once, by an endpoint that holds its sl
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from pivotrl.gps.layout import AtomicSlice, Box, Refinement
+from pivotrl.gps.layout import AtomicSlice, Box, Layout, Parallelism, Refinement, device_layout, refine
 
 _SMALL_RUN = 8  # runs this short are assigned one demand at a time
 
@@ -167,6 +168,20 @@ def build_plan(refinement: Refinement, *, source_node: Mapping[int, int], target
     arrays = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in parts.items()}
     return Plan(refinement, arrays["param"], arrays["slice"], arrays["source"], arrays["target"], arrays["nbytes"],
                 {e: float(load[i]) for i, e in enumerate(senders)})
+
+
+def plan_operation(op: Literal["read", "write"], gps: Layout, devices: Sequence[int], parallelism: Parallelism, *,
+                   devices_per_node: int, profile: LinkProfile) -> Plan:
+    """The plan of Read(M, G, P) (GPS copies -> devices) or Write(M, G, P) (devices -> every GPS copy);
+    ``gps`` is GPS's own layout of M (endpoints: nodes), device ``d`` sits on node ``d // devices_per_node``."""
+    dev = device_layout(gps.model, devices, parallelism)
+    nodes = {n: n for n in gps.endpoints}
+    dev_nodes = {d: d // devices_per_node for d in devices}
+    if op == "read":
+        return build_plan(refine(gps, dev), source_node=nodes, target_node=dev_nodes, profile=profile)
+    if op == "write":
+        return build_plan(refine(dev, gps), source_node=dev_nodes, target_node=nodes, profile=profile)
+    raise ValueError(f"op must be 'read' or 'write', got {op!r}")
 
 
 class PlanCache:

@@ -67,7 +67,8 @@ def _placeholder(state: ModelState, name: str, box: Box) -> Region:
     return Region(None, box, box, itemsize(state.dtypes[name]))
 
 
-def _involving(store: GlobalParameterStorage, plan: Plan, src_is_node: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _involving(store: GlobalParameterStorage, plan: Plan,
+               src_is_node: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices of the transfers that start or end here, with their sending and receiving ranks."""
     per_node = store.config.devices_per_node
     if store.group is None:

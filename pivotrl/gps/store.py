@@ -23,72 +23,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from pivotrl.gps.buffers import BufferGeometry, FlatBuffer
-from pivotrl.gps.layout import Box, Layout, Parallelism, device_layout, refine, specs_from_shapes
-from pivotrl.gps.spec import count_layers
+from pivotrl.gps.config import GPSConfig, ReadResult, WriteHandle
+from pivotrl.gps.layout import Box, Layout, Parallelism, device_layout, specs_from_shapes
 from pivotrl.gps.placement import Placement, place
-from pivotrl.gps.plan import LinkProfile, Plan, PlanCache, build_plan
+from pivotrl.gps.plan import Plan, PlanCache, plan_operation
 from pivotrl.gps.programs import ModelState, read_program, write_program
+from pivotrl.gps.spec import count_layers
 from pivotrl.gps.transport import LocalTransport, Program, TorchTransport, Transport
 
-TRANSPORTS = ("local", "nixl", "torch")
-
-
-@dataclass(kw_only=True, slots=True)
-class GPSConfig:
-    """Configuration of one GlobalParameterStorage."""
-
-    transport: Literal["local", "nixl", "torch"] = "local"  # how bytes cross processes ("local": none do)
-    num_nodes: int = 1  # nodes whose CPU memory holds GPS copies
-    devices_per_node: int = 8  # device d lives on node d // devices_per_node
-    node_budget_bytes: int | None = None  # per-node CPU memory for GPS copies; None: unlimited
-    link_profile: LinkProfile = field(default_factory=LinkProfile)  # planner link speeds (measure_link_profile)
-    read_timeout_s: float = 60.0  # how long a read waits for ``min_version`` before raising
-    buffer_device: Literal["cpu", "cuda"] = "cpu"  # where read destination buffers live
-    pin_host_memory: bool = False  # page-lock host copies (CUDA present) for fast host-to-device copies
-    copy_threads: int = 1  # threads splitting in-process copies
-
-    def __post_init__(self) -> None:
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"GPSConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
-        if self.buffer_device not in ("cpu", "cuda"):
-            raise ValueError(f"GPSConfig.buffer_device must be 'cpu' or 'cuda', got {self.buffer_device!r}")
-        for name in ("num_nodes", "devices_per_node", "copy_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPSConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.read_timeout_s <= 0:
-            raise ValueError(f"GPSConfig.read_timeout_s must be > 0, got {self.read_timeout_s}")
-        if self.node_budget_bytes is not None and self.node_budget_bytes <= 0:
-            raise ValueError(f"GPSConfig.node_budget_bytes must be > 0 or None, got {self.node_budget_bytes}")
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    """A read: the version read and, per device of this process, its shard of every parameter it holds."""
-
-    version: int
-    shards: dict[int, dict[str, torch.Tensor]]
-
-
-class WriteHandle:
-    """A background write; ``wait()`` returns the committed version (or raises the write's error)."""
-
-    def __init__(self, future: Future[int]) -> None:
-        self._future = future
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def wait(self, timeout_s: float | None = None) -> int:
-        return self._future.result(timeout_s)
+__all__ = ["GPSConfig", "GlobalParameterStorage", "ReadResult", "WriteHandle"]
 
 
 class GlobalParameterStorage:
@@ -135,7 +86,8 @@ class GlobalParameterStorage:
     # ---- registration ---------------------------------------------------------------------------------
     def register(self, model: str, params: Mapping[str, torch.Tensor], *, writable: bool,
                  num_layers: int | None = None) -> Placement:
-        """Store ``params`` (HF names) as version 0 of ``model``; collective with a group. Returns the placement."""
+        """Store ``params`` (HF names) as version 0 of ``model`` and return its placement. Collective with a
+        group; ranks that hold no node copy only need shapes and dtypes (meta tensors will do)."""
         return self._serial(lambda: self._register(model, params, writable, num_layers))
 
     def _register(self, model: str, params: Mapping[str, torch.Tensor], writable: bool,
@@ -145,8 +97,12 @@ class GlobalParameterStorage:
         shapes = {name: tuple(t.shape) for name, t in params.items()}
         spec = specs_from_shapes(shapes, num_layers if num_layers is not None else count_layers(shapes),
                                  itemsize={name: t.element_size() for name, t in params.items()})
-        placement = place({model: spec}, num_nodes=self.config.num_nodes, node_budget_bytes=self._budget_left(),
-                          slots={model: 2 if writable else 1})
+        try:
+            placement = place({model: spec}, num_nodes=self.config.num_nodes, node_budget_bytes=self._budget_left(),
+                              slots={model: 2 if writable else 1})
+        except ValueError as err:
+            raise ValueError(f"cannot place {model!r} with the per-node budget left after {sorted(self._models)}: "
+                             f"{err}") from None
         state = ModelState.create(model, spec, {n: t.dtype for n, t in params.items()}, writable, placement)
         for node in self._hosted_nodes():
             state.copies[node] = self._allocate_copy(state, node, params)
@@ -201,16 +157,14 @@ class GlobalParameterStorage:
         """The (cached) transfer plan of one Read or Write signature."""
         state, devices = self._state(model), tuple(devices)
         key = (op, model, devices, parallelism, state.placement.group_size, self.config.link_profile)
-        return self._plans.get(key, lambda: self._build_plan(op, state, devices, parallelism))
+        return self._plans.get(key, lambda: self._plan(op, state, devices, parallelism))
 
-    def _build_plan(self, op: str, state: ModelState, devices: tuple[int, ...], parallelism: Parallelism) -> Plan:
-        dev, nodes = self._layout(state, devices, parallelism), {n: n for n in range(self.config.num_nodes)}
-        dev_nodes = {d: self.node_of(d) for d in devices}
-        if op == "read":
-            return build_plan(refine(state.gps, dev), source_node=nodes, target_node=dev_nodes,
+    def _plan(self, op: Literal["read", "write"], state: ModelState, devices: tuple[int, ...],
+              parallelism: Parallelism) -> Plan:
+        for d in devices:
+            self.node_of(d)
+        return plan_operation(op, state.gps, devices, parallelism, devices_per_node=self.config.devices_per_node,
                               profile=self.config.link_profile)
-        return build_plan(refine(dev, state.gps), source_node=dev_nodes, target_node=nodes,
-                          profile=self.config.link_profile)
 
     def _device_buffers(self, state: ModelState, devices: tuple[int, ...],
                         parallelism: Parallelism) -> tuple[dict[int, FlatBuffer], threading.Lock]:
@@ -386,6 +340,3 @@ def _check_shards(state: ModelState, origins: Mapping[int, Mapping[str, Box]],
             if tuple(t.shape) != box.shape or t.dtype != state.dtypes[name]:
                 raise ValueError(f"write of {state.name!r}: device {d} gave {name} as {tuple(t.shape)} "
                                  f"{t.dtype}, expected {box.shape} {state.dtypes[name]}")
-
-
-__all__ = ["GPSConfig", "GlobalParameterStorage", "ReadResult", "WriteHandle"]
