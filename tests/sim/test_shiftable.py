@@ -1,0 +1,75 @@
+"""The planner's own strategy objects drive the simulated cluster through the executor semantics."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pivotrl.planner import STRATEGIES, Decision, Strategy, WorkloadState, validate_plan
+from pivotrl.sim import DeploymentConfig, HardwareConfig, Scenario, SimConfig, Simulator, TrueLatency
+from pivotrl.sim.catalog import DEVICES, MODELS
+from pivotrl.sim.runner import make_controller
+from pivotrl.sim.truth import fit_belief
+
+from simcases import tiny_scenario
+
+
+class Spy(Strategy):
+    """Delegates to a registry strategy and checks every plan against the snapshot it was made from."""
+
+    name = "spy"
+
+    def __init__(self, inner: Strategy) -> None:
+        self.inner, self.decisions = inner, []
+
+    def plan(self, state: WorkloadState) -> Decision:
+        decision = self.inner.plan(state)
+        if decision.plan is not None:
+            validate_plan(state, decision.plan)
+        self.decisions.append((state, decision))
+        return decision
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_registry_strategy_drives_the_run(name: str) -> None:
+    split = name in ("static", "rule")
+    dep = DeploymentConfig(kind="shiftable", strategy=name, training_devices=2, initial="split" if split else "rollout",
+                           rollout_devices=4 if split else 0, reward_devices=2 if split else 0)
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=dep)
+    controller = make_controller(cfg)
+    assert isinstance(controller.strategy, STRATEGIES[name])  # the planner's object, from its registry
+    spy = Spy(controller.strategy)
+    controller.strategy = spy
+    result = Simulator(cfg, controller).run()
+    plans = [d.plan for _, d in spy.decisions if d.plan is not None]
+    assert len(spy.decisions) == len(result.planner_calls) and len(plans) == result.num_shifts > 0
+    assert any(p.training_up for p in plans)  # training took its devices through a plan
+    for state, _ in spy.decisions:  # the monitor filled the snapshot consistently
+        live = [s.seq_id for r in state.replicas for s in r.sequences if r.role == "rollout"]
+        live += [s.seq_id for s in state.roles["rollout"].waiting]
+        assert len(live) == len(set(live))
+
+
+def test_belief_is_fitted_from_noisy_profiles_of_the_truth() -> None:
+    truth = TrueLatency.build(MODELS["Qwen2.5-7B"], DEVICES["H20"], 1, HardwareConfig())
+    belief = fit_belief(truth, np.random.default_rng(0), sigma=0.05)
+    for tokens, seqs in ((4096, 1), (64 * 2048, 64), (256 * 4096, 256)):
+        true_s = truth.latency(tokens, seqs)
+        assert true_s <= belief.latency(tokens, seqs) <= 1.2 * true_s  # noise only slows down
+    assert belief != truth  # the planner never sees the truth's constants
+
+
+def test_configs_name_the_bad_field() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        DeploymentConfig(kind="elastic")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="strategy"):
+        DeploymentConfig(kind="shiftable", strategy="greedy")
+    with pytest.raises(ValueError, match="reward_tp"):
+        Scenario(name="x", policy="Qwen2.5-7B", reward="Qwen2.5-7B", num_devices=8, reward_tp=3)
+    with pytest.raises(ValueError, match="rollout\\+reward\\+training"):
+        SimConfig(scenario=tiny_scenario(), deployment=DeploymentConfig(kind="disaggregated", rollout_devices=4))
+    with pytest.raises(ValueError, match="does not fit"):
+        TrueLatency.build(MODELS["Qwen2.5-72B"], DEVICES["H20"], 1, HardwareConfig())
+    with pytest.raises(ValueError, match="group_share"):
+        dataclasses.replace(tiny_scenario().workload.response, group_share=2.0)

@@ -1,0 +1,102 @@
+"""End-to-end properties of simulated runs: conservation, staleness, the fluid bound, determinism."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pivotrl.scheduler import ShiftAwareScheduler
+from pivotrl.sim import SimConfig, Simulator, Workload, fluid_bound
+from pivotrl.sim.runner import make_controller
+
+from simcases import DEPLOYMENTS, tiny_scenario
+
+
+def _run(deployment: str, seed: int = 0, **scenario_kw: object) -> Simulator:
+    cfg = SimConfig(scenario=tiny_scenario(**scenario_kw), deployment=DEPLOYMENTS[deployment], seed=seed)
+    sim = Simulator(cfg, make_controller(cfg))
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    return sim
+
+
+def _check_conserved(sim: Simulator) -> None:
+    wl = sim.workload
+    assert list(sim.rollouts_done) == [wl.seqs_per_step] * wl.num_steps  # every rollout finished once
+    assert list(sim.judged) == [wl.seqs_per_step] * wl.num_steps  # every judgement finished once
+    assert sim.roles["rollout"].generated_tokens() == int(wl.response.sum())  # every token counted once
+    assert sim.roles["reward"].generated_tokens() == int(wl.judgement.sum())
+    for rt in sim.roles.values():
+        assert rt.num_live == 0 and rt.scheduler.num_running == 0 and rt.num_waiting == 0
+        assert isinstance(rt.scheduler, ShiftAwareScheduler)
+        rt.scheduler.check_invariants()
+    ends = sim.step_end_s
+    assert len(ends) == wl.num_steps and all(a < b for a, b in zip(ends, ends[1:]))
+
+
+@pytest.mark.parametrize("deployment", sorted(DEPLOYMENTS))
+def test_every_sequence_and_token_once_and_below_the_fluid_bound(deployment: str) -> None:
+    sim = _run(deployment)
+    _check_conserved(sim)
+    bound = fluid_bound(sim.cfg.scenario, sim.workload, sim.cfg.hardware, sim.cfg.costs)
+    assert sim.result.tps <= bound.tps  # type: ignore[attr-defined]
+    assert sim.result.generated_tokens == bound.generated_tokens  # type: ignore[attr-defined]
+
+
+@settings(max_examples=12, deadline=None)
+@given(deployment=st.sampled_from(sorted(DEPLOYMENTS)), seed=st.integers(0, 10_000),
+       prompts=st.integers(1, 3), group=st.integers(1, 5), median=st.integers(20, 600))
+def test_random_workloads_conserve_and_respect_the_bound(deployment: str, seed: int, prompts: int, group: int,
+                                                         median: int) -> None:
+    sim = _run(deployment, seed=seed, num_steps=2, prompts_per_step=prompts, group_size=group,
+               response_median=median)
+    _check_conserved(sim)
+    bound = fluid_bound(sim.cfg.scenario, sim.workload, sim.cfg.hardware, sim.cfg.costs)
+    assert sim.result.tps <= bound.tps  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("deployment", ["disaggregated", "colocated"])
+def test_rollouts_respect_staleness(deployment: str) -> None:
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=5), deployment=DEPLOYMENTS[deployment])
+    controller = make_controller(cfg)
+    released: list[tuple[int, int]] = []
+    original = controller.on_released
+    controller.on_released = lambda sim, step: (released.append((step, sim.version)), original(sim, step))
+    Simulator(cfg, controller).run()
+    lag = 0 if deployment == "colocated" else cfg.deployment.staleness
+    assert [s for s, _ in released] == list(range(5))
+    assert all(version >= step - lag for step, version in released)
+    assert any(version == step - lag for step, version in released[lag + 1:])  # the bound binds
+
+
+def test_same_seed_same_run_and_other_seed_other_run() -> None:
+    a, b, c = (_run("pivotrl", seed=s).result for s in (7, 7, 8))  # type: ignore[attr-defined]
+    assert (a.makespan_s, a.step_end_s, a.num_events, a.shifts) == (b.makespan_s, b.step_end_s, b.num_events, b.shifts)
+    assert a.makespan_s != c.makespan_s
+
+
+def test_fluid_work_bound_equals_token_by_token_sum() -> None:
+    """Oracle: the closed-form per-sequence work equals summing every generated token's cost."""
+    sc = tiny_scenario(num_steps=1, prompts_per_step=1, group_size=2)
+    cfg = SimConfig(scenario=sc, deployment=DEPLOYMENTS["colocated"])
+    sim = Simulator(cfg, make_controller(cfg))
+    wl = sim.workload
+    fixed = dataclasses.replace(sc, num_devices=8)
+    brute = 0.0
+    for i in range(wl.seqs_per_step):
+        for truth, (p, r) in ((sim.roles["rollout"].truth, wl.rollout(i)), (sim.roles["reward"].truth, wl.judge(i))):
+            brute += truth.tp * truth.prefill_s(p) + sum(truth.best_token_cost_s(p + j) for j in range(r))
+    brute += sim.costs.training_device_s(sim.policy, wl.training_tokens(0))
+    bound = fluid_bound(fixed, wl, cfg.hardware, cfg.costs)
+    assert bound.work_s == pytest.approx(brute / fixed.num_devices, rel=1e-9)
+
+
+def test_workload_is_a_function_of_seed_and_respects_limits() -> None:
+    cfg = tiny_scenario(num_steps=2, prompts_per_step=8, group_size=8).workload
+    a, b = Workload.sample(cfg, 3), Workload.sample(cfg, 3)
+    assert (a.response == b.response).all() and (a.judgement == b.judgement).all()
+    assert a.response.max() <= cfg.response.max_tokens and a.response.min() >= cfg.response.min_tokens
+    assert a.prompt.max() <= cfg.prompt.max_tokens
+    s, i = divmod(13, a.seqs_per_step)
+    assert a.judge(13)[0] == a.prompt[s, i] + a.response[s, i] + cfg.judge_template_tokens
