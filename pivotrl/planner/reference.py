@@ -21,7 +21,6 @@ from pivotrl.planner.planner import PlannerConfig, check_state, tau_shift_of, tr
 from pivotrl.planner.role import choose_up_role
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole, WorkloadState
 from pivotrl.scheduler import ReplicaSpec, ShiftAwareScheduler
-from pivotrl.scheduler.queue import WaitingSequence
 
 __all__ = ["plain_build_candidates", "scheduler_from_state", "ReferencePlanner"]
 
@@ -58,12 +57,8 @@ def scheduler_from_state(state: WorkloadState, role: InferenceRole) -> ShiftAwar
     for r in state.replicas_of(role):
         sched.add_replica(r.replica_id, r.model, r.kv_capacity_tokens)
     for r in state.replicas_of(role):
-        for s in r.sequences:
-            sched.submit(s.seq_id, s.prompt_tokens, s.generated_tokens)
-            if not sched.dispatch([r.replica_id], max_seqs=1):  # the snapshot may hold more than capacity
-                seq = sched.queue.pop()
-                sched._attach(WaitingSequence(seq.seq_id, seq.prompt_tokens, seq.generated_tokens),
-                              sched._table.slot_of[r.replica_id], check_capacity=False)
+        for s in r.sequences:  # placed as-is: a snapshot may hold more than the KV capacity
+            sched.place(s.seq_id, s.prompt_tokens, s.generated_tokens, r.replica_id)
     for s in state.roles[role].waiting:
         sched.submit(s.seq_id, s.prompt_tokens, s.generated_tokens)
     return sched

@@ -123,6 +123,20 @@ class ShiftAwareScheduler:
             raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
         self.queue.push(WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens))
 
+    def place(self, seq_id: int, prompt_tokens: int, generated_tokens: int, replica_id: ReplicaId) -> None:
+        """Record a sequence that already runs on ``replica_id`` (importing a live engine's state).
+
+        Unlike Dispatch this checks no KV capacity: a live replica may hold more than its capacity
+        after generation outgrew it (its engine preempts), and a snapshot must say so faithfully.
+        """
+        self._known(replica_id)
+        if seq_id in self._running or seq_id in self.queue:
+            raise ValueError(f"seq_id {seq_id} is already live")
+        if prompt_tokens <= 0 or generated_tokens < 0:
+            raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
+        seq = WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens)
+        self._attach(seq, self._table.slot_of[replica_id], check_capacity=False)
+
     def advance(self, replica_id: ReplicaId, num_iterations: int = 1) -> None:
         """Every sequence on the replica generated ``num_iterations`` more tokens (O(1))."""
         slot = self._table.slot_of[replica_id]

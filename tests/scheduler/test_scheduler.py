@@ -220,3 +220,15 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 SchedulerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+def test_place_imports_a_live_replica_even_beyond_capacity() -> None:
+    s = ShiftAwareScheduler()
+    s.add_replica(0, MODELS[0], 100)
+    s.place(5, 80, 60, 0)  # the engine's sequence outgrew the KV capacity; the snapshot says so
+    assert s.replica(0).num_tokens == 140 and s.where(5) == 0
+    s.check_invariants()
+    with pytest.raises(ValueError, match="already live"):
+        s.place(5, 1, 0, 0)
+    s.submit(6, 10)
+    assert s.dispatch() == []  # no room left: the new sequence waits
