@@ -7,15 +7,20 @@ unparsed; each GRPO group therefore also holds one reference response (the groun
 which gives the step a real learning signal. The rewards still come from the reward role's parsing.
 """
 import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from pivotrl.gps.layout import Parallelism
-from pivotrl.roles.data import PromptDataset, chat_token_ids, make_groups
+from pivotrl.gps.store import GlobalParameterStorage
+from pivotrl.roles.data import PromptDataset, PromptRecord, chat_token_ids, make_groups
 from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling
-from pivotrl.roles.reward import RewardConfig, RewardStats, genrm_messages, score_sequence
+from pivotrl.roles.reward import Reward, RewardConfig, RewardStats, genrm_messages, score_sequence
 from pivotrl.roles.tiny import TinyCheckpoints, ensure_tiny_checkpoints, load_tokenizer
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
 from pivotrl.shifting import RoleContextManager
@@ -25,6 +30,11 @@ pytestmark = pytest.mark.engine
 DEVICE = 0
 ONE = Parallelism()
 NUM_RESPONSES = 2
+
+
+def _engine(path: Path, stack: ExitStack, *, max_model_len: int = 512, dummy: bool = False) -> EngineReplica:
+    config = EngineConfig(model_path=str(path), max_model_len=max_model_len, kv_cache_bytes=32 << 20, seed=7)
+    return stack.enter_context(EngineReplica(config, load_format="dummy" if dummy else "auto"))
 
 
 def _generate(replica: EngineReplica, prompts: dict[str, list[int]], max_tokens: int) -> dict[str, tuple[int, ...]]:
@@ -52,86 +62,110 @@ def _save_like(src: Path, dst: Path, params: dict[str, torch.Tensor]) -> Path:
     return dst
 
 
-def test_device_walks_rollout_reward_training_and_back(tmp_path: Path) -> None:
-    GlobalParameterStorage = pytest.importorskip("pivotrl.gps.store").GlobalParameterStorage
+@pytest.fixture
+def gps() -> Iterator[GlobalParameterStorage]:
+    with GlobalParameterStorage() as store:
+        yield store
 
-    tiny: TinyCheckpoints = ensure_tiny_checkpoints()
-    tokenizer = load_tokenizer(tiny.policy_path)
+
+@pytest.fixture
+def engines() -> Iterator[ExitStack]:
+    """Closes every engine the test registers, also when it fails."""
+    with ExitStack() as stack:
+        yield stack
+
+
+@dataclass
+class Step:
+    """The step's data: prompts per sequence, responses, their groups and rewards."""
+
+    records: list[PromptRecord]
+    prompts: dict[str, list[int]]  # seq_id -> prompt ids
+    group_of: dict[str, int]
+    responses: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    rewards: dict[str, Reward] = field(default_factory=dict)
+
+    def batch(self) -> GRPOBatch:
+        order = sorted(self.responses)
+        return GRPOBatch(prompt_ids=[self.prompts[s] for s in order], response_ids=[self.responses[s] for s in order],
+                         group_ids=[self.group_of[s] for s in order], rewards=[self.rewards[s].total for s in order])
+
+
+def _plan_step(tokenizer: Any) -> Step:
     records = list(PromptDataset.arithmetic(2, seed=0))
     slots = make_groups([r.prompt_id for r in records], NUM_RESPONSES)
-    prompts = {f"s{s.seq_id}": chat_token_ids(records[s.group_id].messages, tokenizer)
-               for s in slots}
-    gps = GlobalParameterStorage()
+    step = Step(records=records, prompts={f"s{s.seq_id}": chat_token_ids(records[s.group_id].messages, tokenizer)
+                                          for s in slots}, group_of={f"s{s.seq_id}": s.group_id for s in slots})
+    for g, record in enumerate(records):  # one reference response per group (see the module docstring)
+        step.prompts[f"ref{g}"], step.group_of[f"ref{g}"] = step.prompts[f"s{g * NUM_RESPONSES}"], g
+        step.responses[f"ref{g}"] = tuple(tokenizer.encode(f"Answer: {record.ground_truth}")) + (
+            tokenizer.eos_token_id,)
+    return step
+
+
+def _judge(step: Step, reward: EngineRole, tokenizer: Any) -> RewardStats:
+    """The reward role's work: a GenRM judgement per response, parsed, plus the verifiable reward."""
+    text = {s: tokenizer.decode(ids, skip_special_tokens=True) for s, ids in step.responses.items()}
+    questions = {s: step.records[step.group_of[s]].question for s in step.responses}
+    judgements = _generate(reward.replica, {s: chat_token_ids(genrm_messages(questions[s], text[s]), tokenizer)
+                                            for s in step.responses}, max_tokens=16)
+    config, stats = RewardConfig(on_unparsed="verifiable_only"), RewardStats()
+    for s in step.responses:
+        truth = step.records[step.group_of[s]].ground_truth
+        step.rewards[s] = score_sequence(text[s], truth, tokenizer.decode(judgements[s], skip_special_tokens=True),
+                                         config)
+        stats.record(step.rewards[s])
+    return stats
+
+
+def test_device_walks_rollout_reward_training_and_back(tmp_path: Path, gps: GlobalParameterStorage,
+                                                       engines: ExitStack) -> None:
+    tiny: TinyCheckpoints = ensure_tiny_checkpoints()
+    tokenizer = load_tokenizer(tiny.policy_path)
+    step = _plan_step(tokenizer)
+    sampled = {s: ids for s, ids in step.prompts.items() if s.startswith("s")}
     gps.register("policy", _load_hf(tiny.policy_path), writable=True)
     gps.register("genrm", _load_hf(tiny.genrm_path), writable=False)
     manager = RoleContextManager(gps)
 
-    # rollout: a replica started from the checkpoint (version 0), adopted as up
-    rollout = EngineRole(EngineReplica(EngineConfig(model_path=str(tiny.policy_path), max_model_len=512,
-                                                    kv_cache_bytes=32 << 20, seed=7)),
-                         role="rollout", model="policy", devices=(DEVICE,), parallelism=ONE)
-    manager.adopt(rollout)
-    before = _generate(rollout.replica, prompts, max_tokens=12)
+    rollout = EngineRole(_engine(tiny.policy_path, engines), role="rollout", model="policy", devices=(DEVICE,),
+                         parallelism=ONE)
+    manager.adopt(rollout)  # started from the checkpoint: version 0
+    before = _generate(rollout.replica, sampled, max_tokens=12)
+    step.responses.update(before)
     down = manager.shift_down(rollout)
-    assert down.kind("temporary").num_bytes > 0 and down.kind("parameters").num_bytes == sum(
-        t.numel() * 4 for t in _load_hf(tiny.policy_path).values())
-    assert not rollout.replica.is_started
+    assert down.kind("temporary").num_bytes > 0 and not rollout.replica.is_started
+    assert down.kind("parameters").num_bytes == sum(t.numel() * 4 for t in _load_hf(tiny.policy_path).values())
 
-    # reward: the GenRM replica Reads its weights from GPS on shift up
-    reward = EngineRole(EngineReplica(EngineConfig(model_path=str(tiny.genrm_path), max_model_len=1024,
-                                                   kv_cache_bytes=32 << 20, seed=7), load_format="dummy"),
-                        role="reward", model="genrm", devices=(DEVICE,), parallelism=ONE)
-    up = manager.shift_up(reward)
+    reward = EngineRole(_engine(tiny.genrm_path, engines, max_model_len=1024, dummy=True), role="reward",
+                        model="genrm", devices=(DEVICE,), parallelism=ONE)
+    up = manager.shift_up(reward)  # dummy weights replaced by the GenRM's, Read from GPS
     assert up.version == gps.version("genrm") and up.kind("parameters").num_bytes > 0
-    references = {f"ref{g}": tokenizer.encode(f"Answer: {r.ground_truth}") + [tokenizer.eos_token_id]
-                  for g, r in enumerate(records)}
-    responses = {**before, **references}
-    group_of = {**{f"s{s.seq_id}": s.group_id for s in slots}, **{f"ref{g}": g for g in range(len(records))}}
-    judge_prompts = {
-        seq_id: chat_token_ids(genrm_messages(records[group_of[seq_id]].question,
-                                              tokenizer.decode(ids, skip_special_tokens=True)), tokenizer)
-        for seq_id, ids in responses.items()
-    }
-    judgements = _generate(reward.replica, judge_prompts, max_tokens=16)
-    config, stats = RewardConfig(on_unparsed="verifiable_only"), RewardStats()
-    rewards = {}
-    for seq_id, ids in responses.items():
-        truth = records[group_of[seq_id]].ground_truth
-        rewards[seq_id] = score_sequence(tokenizer.decode(ids, skip_special_tokens=True), truth,
-                                         tokenizer.decode(judgements[seq_id], skip_special_tokens=True), config)
-        stats.record(rewards[seq_id])
-    assert stats.num_judged == len(responses) == stats.num_parsed + stats.num_unparsed
-    assert all(rewards[f"ref{g}"].verifiable.is_correct for g in range(len(records)))
+    stats = _judge(step, reward, tokenizer)
+    assert stats.num_judged == len(step.responses) == stats.num_parsed + stats.num_unparsed
+    assert all(step.rewards[f"ref{g}"].verifiable.is_correct for g in range(len(step.records)))
     manager.shift_down(reward)
     reward.replica.close()
 
-    # training: one GRPO step, then the new policy is written to GPS (version + 1)
     trainer = GRPOTrainer.from_pretrained(str(tiny.policy_path), TrainerConfig(
         lr=1e-2, micro_batch_size=3, pad_token_id=tokenizer.pad_token_id))
     training = TrainingRole(trainer, model="policy", devices=(DEVICE,), local_device=DEVICE, parallelism=ONE)
     manager.adopt(training)
-    order = sorted(responses)
-    group_prompt = {s.group_id: prompts[f"s{s.seq_id}"] for s in slots}
-    trainer.step(GRPOBatch(prompt_ids=[group_prompt[group_of[s]] for s in order],
-                           response_ids=[responses[s] for s in order], group_ids=[group_of[s] for s in order],
-                           rewards=[rewards[s].total for s in order]))
+    trainer.step(step.batch())
     trained = {k: v.clone() for k, v in trainer.state_dict_hf().items()}
-    version_before = gps.version("policy")
-    gps.write("policy", (DEVICE,), ONE, {DEVICE: trainer.state_dict_hf()})
-    assert gps.version("policy") == version_before + 1
+    version = gps.write("policy", (DEVICE,), ONE, {DEVICE: trainer.state_dict_hf()})
+    stored = gps.read("policy", (DEVICE,), ONE).shards[DEVICE]
+    assert version == gps.version("policy") == 1 and all(torch.equal(stored[n], trained[n]) for n in trained)
     param_bytes, state_bytes = trainer.parameter_bytes(), trainer.optimizer_bytes()
     down = manager.shift_down(training)
     assert down.kind("parameters").num_bytes == param_bytes and down.kind("offloadable").num_bytes == state_bytes
-    assert state_bytes == 2 * param_bytes + 4 * len(trained)
+    assert state_bytes == 2 * param_bytes + 4 * len(trained)  # AdamW: exp_avg, exp_avg_sq, step
 
-    # rollout again, at the new version, on the same device
-    up = manager.shift_up(rollout, version=version_before + 1)
-    assert up.version == version_before + 1 and manager.role_on(DEVICE) is rollout
-    after = _generate(rollout.replica, prompts, max_tokens=12)
+    up = manager.shift_up(rollout, version=version)
+    assert up.version == version and manager.role_on(DEVICE) is rollout
+    after = _generate(rollout.replica, sampled, max_tokens=12)
     manager.shift_down(rollout)
     rollout.replica.close()
-    with EngineReplica(EngineConfig(model_path=str(_save_like(tiny.policy_path, tmp_path / "trained", trained)),
-                                    max_model_len=512, kv_cache_bytes=32 << 20, seed=7)) as fresh:
-        expected = _generate(fresh, prompts, max_tokens=12)
-    assert after == expected
+    fresh = _engine(_save_like(tiny.policy_path, tmp_path / "trained", trained), engines)
+    assert after == _generate(fresh, sampled, max_tokens=12)
     assert after != before  # the shifted-up replica really serves the new weights
