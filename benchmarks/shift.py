@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from pivotrl.gps.layout import Parallelism
+from pivotrl.gps.store import GlobalParameterStorage
 from pivotrl.roles.engine import EngineConfig, EngineReplica
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
 from pivotrl.shifting import RoleContextManager, ShiftReport
@@ -89,12 +90,6 @@ def model_setup(name: str, cache: Path) -> tuple[Path, Path, torch.nn.Module, di
     raise ValueError(f"--models: unknown model {name!r}; allowed: tiny, 0.5b")
 
 
-def make_gps() -> Any:
-    from pivotrl.gps.store import GlobalParameterStorage
-
-    return GlobalParameterStorage()
-
-
 def train_step(trainer: GRPOTrainer, vocab: int, seed: int) -> None:
     rng = random.Random(seed)
     trainer.step(GRPOBatch(prompt_ids=[[rng.randrange(1, vocab) for _ in range(8)] for _ in range(2)],
@@ -109,11 +104,16 @@ def engine_role(path: Path, dtype: str, role: str, model: str, kv_mib: int) -> E
 
 
 def run_model(name: str, rounds: int, kv_mib: int, cache: Path) -> tuple[list[ShiftReport], dict[str, float]]:
+    with GlobalParameterStorage() as gps:
+        return cycle_roles(gps, name, rounds, kv_mib, cache)
+
+
+def cycle_roles(gps: GlobalParameterStorage, name: str, rounds: int, kv_mib: int,
+                cache: Path) -> tuple[list[ShiftReport], dict[str, float]]:
     policy_dir, genrm_dir, model, genrm, dtype = model_setup(name, cache)
     vocab = model.config.vocab_size
     trainer = GRPOTrainer(model, TrainerConfig(lr=1e-5, micro_batch_size=2, dtype=dtype))
     train_step(trainer, vocab, seed=0)  # creates the AdamW state
-    gps = make_gps()
     gps.register("policy", trainer.state_dict_hf(), writable=True)
     gps.register("genrm", genrm or {k: v.clone() for k, v in trainer.state_dict_hf().items()}, writable=False)
     manager = RoleContextManager(gps)
