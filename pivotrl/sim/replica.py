@@ -6,6 +6,9 @@ factor drawn whenever the set changes. Between changes the state moves in closed
 (``series``); a change (a sequence joins, leaves or finishes) takes effect at the first iteration
 boundary at or after the moment it is requested, as in a real engine step loop, and a joining
 sequence first prefills its prompt plus any tokens it already generated (re-prefill on migration).
+Prefills run first-come first-served and stall the replica's decode (a chunked prefill of a long
+prompt fills the engine's token budget, so its steps are compute bound); a sequence that leaves
+before its prefill finished takes its unfinished prefill time back out of the replica's clock.
 
 Invariants: ``tokens`` = Σ (prompt + generated) over the sequences; a sequence's generated count is
 ``gen_offset + iteration``; every token counted in ``generated_total`` was produced exactly once;
@@ -40,7 +43,7 @@ class SimReplica:
         self.clock = clock  # time from which the current set of sequences runs
         self.iteration = 0  # decode iterations since the replica started
         self.tokens = 0  # KV tokens held at ``clock``
-        self.seqs: dict[int, list[int]] = {}  # seq_id -> [prompt, gen_offset, end_iteration]
+        self.seqs: dict[int, list] = {}  # seq_id -> [prompt, gen_offset, end_iteration, ready_at, prefill_s]
         self.ends: list[tuple[int, int]] = []  # (end_iteration, seq_id), lazily cleaned
         self.K = truth.fixed_s(0)
         self.factor = 1.0
@@ -128,14 +131,17 @@ class SimReplica:
             raise ValueError(f"seq {seq_id}: generated {generated} >= response {response}")
         prefill = self.truth.prefill_s(prompt + generated) * noise_factor(self._rng, self._sigma)
         self.clock = max(self.clock, now) + prefill
-        self.seqs[seq_id] = [prompt, generated - self.iteration, self.iteration + response - generated]
+        self.seqs[seq_id] = [prompt, generated - self.iteration, self.iteration + response - generated,
+                             self.clock, prefill]
         self.tokens += prompt + generated
         heapq.heappush(self.ends, (self.iteration + response - generated, seq_id))
         return prefill
 
-    def leave(self, seq_id: int) -> int:
-        """Stop ``seq_id`` (it keeps its tokens elsewhere); returns its generated tokens."""
-        prompt, offset, _ = self.seqs.pop(seq_id)
+    def leave(self, seq_id: int, now: float) -> int:
+        """Stop ``seq_id`` at ``now`` (it keeps its tokens elsewhere); returns its generated tokens."""
+        prompt, offset, _, ready_at, prefill = self.seqs.pop(seq_id)
+        if ready_at > now:  # its prefill had not finished: the replica does not spend the rest
+            self.clock = max(now, self.clock - min(prefill, ready_at - now))
         generated = offset + self.iteration
         self.tokens -= prompt + generated
         return generated

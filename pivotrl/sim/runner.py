@@ -12,7 +12,8 @@ only in allocation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from pivotrl.sim.config import DeploymentConfig, Scenario, SimConfig
 from pivotrl.sim.deployments import Colocated, Controller, Disaggregated, RRColocated
@@ -21,7 +22,7 @@ from pivotrl.sim.results import SimResult
 from pivotrl.sim.shiftable import Shiftable
 from pivotrl.sim.workload import Workload
 
-__all__ = ["make_controller", "simulate", "grid_step", "allocations", "grid_search"]
+__all__ = ["make_controller", "simulate", "simulate_many", "grid_step", "allocations", "grid_search"]
 
 
 def make_controller(cfg: SimConfig, strategy: Any = None) -> Controller:
@@ -58,14 +59,21 @@ def allocations(sc: Scenario, base: DeploymentConfig) -> list[DeploymentConfig]:
     return [rep(base, training_devices=tr) for tr in range(g, n // 2 + 1, g)]
 
 
-def grid_search(cfg: SimConfig, workload: Workload | None = None,
-                on_result: Callable[[SimResult], None] | None = None) -> tuple[SimResult, list[SimResult]]:
+def simulate_many(cfgs: list[SimConfig], workload: Workload | None = None, jobs: int = 1) -> list[SimResult]:
+    """``simulate`` each config (in ``jobs`` worker processes when > 1), results in order."""
+    if jobs <= 1 or len(cfgs) <= 1:
+        return [simulate(c, workload=workload) for c in cfgs]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cfgs))) as pool:
+        return list(pool.map(_simulate, cfgs, [workload] * len(cfgs)))
+
+
+def _simulate(cfg: SimConfig, workload: Workload | None) -> SimResult:
+    return simulate(cfg, workload=workload)
+
+
+def grid_search(cfg: SimConfig, workload: Workload | None = None, jobs: int = 1) -> tuple[SimResult, list[SimResult]]:
     """Simulate every allocation of ``cfg.deployment.kind``; return the best and all results."""
     wl = workload if workload is not None else Workload.sample(cfg.scenario.workload, cfg.seed)
-    results: list[SimResult] = []
-    for dep in allocations(cfg.scenario, cfg.deployment):
-        res = simulate(dataclasses.replace(cfg, deployment=dep), workload=wl)
-        results.append(res)
-        if on_result is not None:
-            on_result(res)
+    cfgs = [dataclasses.replace(cfg, deployment=dep) for dep in allocations(cfg.scenario, cfg.deployment)]
+    results = simulate_many(cfgs, wl, jobs)
     return max(results, key=lambda r: r.tps), results

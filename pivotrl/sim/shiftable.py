@@ -110,7 +110,8 @@ class Shiftable(Controller):
             ids = [rid for rid in plan.down_replica_ids if rid in rt.replicas]
             if ids:
                 devices = [d for rid in ids for d in rt.replicas[rid].device_ids]
-                free = rt.remove_replicas(ids, now) + sim.costs.inference_down_s()
+                restart = getattr(self.strategy, "restart_aborted", False)
+                free = rt.remove_replicas(ids, now, restart=restart) + sim.costs.inference_down_s()
                 free_at.update((d, free) for d in devices)
         done = now
         if plan.training_up:
@@ -121,11 +122,15 @@ class Shiftable(Controller):
             done = start
         for rep in plan.up_replicas:
             ready = max(free_at.get(d, now) for d in rep.device_ids) + self.up_s(sim, rep.role)
-            sim.schedule(ready, self._ready, sim, rep.role, [(sim.new_replica_id(), tuple(rep.device_ids))], False)
+            specs = [(sim.new_replica_id(), tuple(rep.device_ids))]
+            sim.schedule(ready, self._ready_up, sim, rep.role, specs)
             done = max(done, ready)
         self.busy_until = done
         sim.shifts.append({"time_s": now, "up_role": plan.up_role, "down": len(plan.down_replica_ids),
                            "up": len(plan.up_replicas), "penalty": plan.penalty, "done_s": done})
+
+    def _ready_up(self, sim: Simulator, role: str, specs: list[tuple[int, tuple[int, ...]]]) -> None:
+        sim.roles[role].add_replicas(specs, sim.now, migrate=getattr(self.strategy, "migration", True))
 
     def _trained(self, sim: Simulator) -> None:
         n = len(self.training)

@@ -38,13 +38,13 @@ class _Brute:
 
     def __init__(self, truth: TrueLatency) -> None:
         self.truth, self.clock = truth, 0.0
-        self.seqs: dict[int, list[int]] = {}  # seq_id -> [context tokens, remaining]
+        self.seqs: dict[int, list[float]] = {}  # seq_id -> [context tokens, remaining, ready_at, prefill]
         self.finished: dict[int, float] = {}
         self.generated = 0
 
     def run_until(self, now: float) -> None:
         while self.seqs and self.clock < now:
-            self.clock += self.truth.latency(sum(c for c, _ in self.seqs.values()), len(self.seqs))
+            self.clock += self.truth.latency(sum(rec[0] for rec in self.seqs.values()), len(self.seqs))
             for rec in self.seqs.values():
                 rec[0] += 1
                 rec[1] -= 1
@@ -86,17 +86,19 @@ def test_replica_matches_per_iteration_stepping(A: float, K: float, prefill: flo
         brute.run_until(now)
         if abort_oldest and rep.seqs:
             victim = min(rep.seqs)
-            generated = rep.leave(victim)
-            context, remaining = brute.seqs.pop(victim)
+            generated = rep.leave(victim, now)
+            context, remaining, ready_at, prefill = brute.seqs.pop(victim)
+            if ready_at > now:  # an unfinished prefill is not spent
+                brute.clock = max(now, brute.clock - min(prefill, ready_at - now))
             assert context == prompts[victim] + generated and remaining == responses[victim] - generated
         else:
             prompts[seq_id], responses[seq_id] = prompt, response
             rep.join(seq_id, prompt, 0, response, now)
             brute.clock = max(brute.clock, now) + truth.prefill_s(prompt)
-            brute.seqs[seq_id] = [prompt, response]
+            brute.seqs[seq_id] = [prompt, response, brute.clock, truth.prefill_s(prompt)]
         rep.refresh()
         assert np.isclose(rep.clock, brute.clock, rtol=1e-9, atol=1e-12)
-        assert rep.tokens == sum(c for c, _ in brute.seqs.values())
+        assert rep.tokens == sum(rec[0] for rec in brute.seqs.values())
     _closed_sync(rep, 1e9, closed_done)
     brute.run_until(1e9)
     assert closed_done.keys() == brute.finished.keys()

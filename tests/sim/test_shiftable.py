@@ -22,6 +22,7 @@ class Spy(Strategy):
 
     def __init__(self, inner: Strategy) -> None:
         self.inner, self.decisions = inner, []
+        self.migration, self.restart_aborted = inner.migration, inner.restart_aborted  # executor semantics
 
     def plan(self, state: WorkloadState) -> Decision:
         decision = self.inner.plan(state)
@@ -41,10 +42,13 @@ def test_registry_strategy_drives_the_run(name: str) -> None:
     assert isinstance(controller.strategy, STRATEGIES[name])  # the planner's object, from its registry
     spy = Spy(controller.strategy)
     controller.strategy = spy
-    result = Simulator(cfg, controller).run()
+    sim = Simulator(cfg, controller)
+    result = sim.run()
     plans = [d.plan for _, d in spy.decisions if d.plan is not None]
     assert len(spy.decisions) == len(result.planner_calls) and len(plans) == result.num_shifts > 0
     assert any(p.training_up for p in plans)  # training took its devices through a plan
+    if spy.migration:  # migrated sequences keep their tokens; only the no-migration ablations restart
+        assert sum(rt.discarded_tokens for rt in sim.roles.values()) == 0
     for state, _ in spy.decisions:  # the monitor filled the snapshot consistently
         live = [s.seq_id for r in state.replicas for s in r.sequences if r.role == "rollout"]
         live += [s.seq_id for s in state.roles["rollout"].waiting]

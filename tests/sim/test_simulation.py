@@ -25,8 +25,9 @@ def _check_conserved(sim: Simulator) -> None:
     wl = sim.workload
     assert list(sim.rollouts_done) == [wl.seqs_per_step] * wl.num_steps  # every rollout finished once
     assert list(sim.judged) == [wl.seqs_per_step] * wl.num_steps  # every judgement finished once
-    assert sim.roles["rollout"].generated_tokens() == int(wl.response.sum())  # every token counted once
-    assert sim.roles["reward"].generated_tokens() == int(wl.judgement.sum())
+    for role, lengths in (("rollout", wl.response), ("reward", wl.judgement)):  # every token counted once
+        rt = sim.roles[role]
+        assert rt.generated_tokens() == int(lengths.sum()) + rt.discarded_tokens
     for rt in sim.roles.values():
         assert rt.num_live == 0 and rt.scheduler.num_running == 0 and rt.num_waiting == 0
         assert isinstance(rt.scheduler, ShiftAwareScheduler)

@@ -1,0 +1,225 @@
+"""The paper's experiments on the simulator (§8.2-§8.6): ``python -m pivotrl.sim.experiments NAME``.
+
+``fig9`` end-to-end tokens/s of 4 model groups × 4 deployments (baselines and PivotRL each tuned
+by grid search, ``runner.allocations``) beside the fluid bound; ``fig10`` allocation and
+throughput timeline of one run; ``fig11`` strategies and components; ``fig14`` the horizon H;
+``tab2`` planner time per decision at 16-128 devices; ``tab3`` per-sequence migration time.
+Each prints a table, saves a PNG under ``--out`` (default ./runs/sim/) and with ``--json`` prints
+one JSON object as its last line. ``--quick`` shrinks every run (2 steps, 4 sequences per device,
+a coarser grid) for smoke tests and notebooks; the default workload is the documented one.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from pivotrl.sim import paper, plots
+from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig, scenario
+from pivotrl.sim.fluid import fluid_bound
+from pivotrl.sim.results import SimResult
+from pivotrl.sim.runner import allocations, simulate, simulate_many
+from pivotrl.sim.workload import Workload
+
+__all__ = ["main", "EXPERIMENTS"]
+
+KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
+
+
+def _scenario(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
+    sc = scenario(key, **overrides)
+    steps = args.steps or (2 if args.quick else sc.workload.num_steps)
+    prompts = max(1, sc.num_devices // 4) if args.quick else 2 * sc.num_devices
+    sc.workload = dataclasses.replace(sc.workload, num_steps=steps, prompts_per_step=prompts)
+    return sc
+
+
+def _base(kind: str, **kw: Any) -> DeploymentConfig:
+    if kind == "pivotrl":
+        return DeploymentConfig(kind="shiftable", strategy="pivotrl", **kw)
+    return DeploymentConfig(kind=kind, **kw)  # type: ignore[arg-type]
+
+
+def _best(sc: Scenario, dep: DeploymentConfig, args: argparse.Namespace, wl: Workload) -> SimResult:
+    """The fastest allocation of ``dep.kind`` (quick: every other grid point)."""
+    deps = allocations(sc, dep)
+    deps = deps[::2] if args.quick and len(deps) > 2 else deps
+    cfgs = [SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps]
+    return max(simulate_many(cfgs, wl, args.jobs), key=lambda r: r.tps)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> None:
+    cells = [header] + [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for k, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _alloc(res: SimResult) -> str:
+    """Compact allocation: RO/RM/TR (disaggregated), shared+TR (rr_colocated), TR (shiftable)."""
+    e = res.extra
+    if "reward" in e:
+        return f"{e['rollout']}/{e['reward']}/{e['training']}"
+    return f"{e['shared']}+{e['training']}" if "shared" in e else f"TR={e['training']}"
+
+
+def fig9(args: argparse.Namespace) -> dict[str, Any]:
+    groups, rows = [], []
+    for key in args.groups or list(SCENARIOS):
+        sc = _scenario(key, args)
+        wl = Workload.sample(sc.workload, args.seed)
+        best = {k: _best(sc, _base(k), args, wl) for k in KINDS}
+        tps = {k: r.tps for k, r in best.items()}
+        bound = fluid_bound(sc, wl).tps
+        groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound})
+        ref = paper.FIG9_TPS[key]
+        rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS] + [round(bound)]
+                    + [tps["pivotrl"] / tps[k] for k in KINDS[:3]] + [ref["pivotrl"] / ref[k] for k in KINDS[:3]]
+                    + [tps["pivotrl"] / bound, " ".join(_alloc(best[k]) for k in KINDS[1:])])
+    _table(["group", "N", "coloc", "disagg", "rr", "pivotrl", "fluid", "x coloc", "x disagg", "x rr",
+            "paper x coloc", "paper x disagg", "paper x rr", "pivotrl/fluid", "disagg rr pivotrl"], rows)
+    plots.bars([g["name"] for g in groups], {k: [g["tps"][k] for g in groups] for k in KINDS},
+               args.out / "fig9.png", "tokens/s", "Fig. 9 (simulated)", [g["fluid_bound"] for g in groups])
+    return {"groups": groups}
+
+
+def _pivotrl_and_disagg(key: str, args: argparse.Namespace) -> tuple[Scenario, Workload, SimResult, SimResult]:
+    sc = _scenario(key, args)
+    wl = Workload.sample(sc.workload, args.seed)
+    return sc, wl, _best(sc, _base("disaggregated"), args, wl), _best(sc, _base("pivotrl"), args, wl)
+
+
+def fig10(args: argparse.Namespace) -> dict[str, Any]:
+    sc, wl, disagg, piv = _pivotrl_and_disagg("7B+30B", args)
+    runs = []
+    for res, dep in ((piv, _base("pivotrl", training_devices=piv.extra["training"])),
+                     (disagg, _base("disaggregated", rollout_devices=disagg.extra["rollout"],
+                                    reward_devices=disagg.extra["reward"], training_devices=disagg.extra["training"]))):
+        runs.append(simulate(SimConfig(scenario=sc, deployment=dep, seed=args.seed, record_timeline=True,
+                                       sample_s=2.0), workload=wl))
+    changes, last = [], None
+    for p in runs[0].timeline:
+        alloc = (p.devices["rollout"], p.devices["reward"], p.devices["training"])
+        if alloc != last:
+            changes.append([round(p.time_s), *alloc, round(p.rollout_tps), round(p.reward_tps), round(p.overall_tps)])
+            last = alloc
+    _table(["t (s)", "RO", "RM", "TR", "rollout tok/s", "reward tok/s", "overall"], changes)
+    print(f"pivotrl {runs[0].tps:.0f} tok/s ({runs[0].makespan_s:.0f} s) vs disaggregated {runs[1].tps:.0f} tok/s "
+          f"({runs[1].makespan_s:.0f} s): x{runs[0].tps / runs[1].tps:.2f}")
+    plots.timeline(runs, args.out / "fig10.png", f"Fig. 10 (simulated): {sc.name}")
+    return {"allocation_changes": changes, "tps": {r.deployment: r.tps for r in runs}}
+
+
+def fig11(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    rows = []
+    for key in ("7B+30B", "1.5B+9B"):
+        sc, wl, disagg, piv = _pivotrl_and_disagg(key, args)
+        split = dict(initial="split", rollout_devices=disagg.extra["rollout"], reward_devices=disagg.extra["reward"],
+                     training_devices=disagg.extra["training"])
+        deps = [DeploymentConfig(kind="shiftable", strategy=s, **split) for s in ("static", "rule")]
+        deps += [DeploymentConfig(kind="shiftable", strategy=s, training_devices=piv.extra["training"])
+                 for s in ("vanilla", "model")]
+        res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
+        ratio = {r.deployment: r.tps / disagg.tps for r in res + [piv]}
+        out[key] = ratio
+        ref = paper.FIG11_RATIO[key]
+        rows += [[key, name, ratio[name], ref[name]] for name in ("static", "rule", "vanilla", "model", "pivotrl")]
+    _table(["group", "strategy", "x disaggregated", "paper"], rows)
+    names = ["static", "rule", "vanilla", "model", "pivotrl"]
+    plots.bars(names, {k: [out[k][n] for n in names] for k in out}, args.out / "fig11.png",
+               "throughput / disaggregated", "Fig. 11 (simulated)")
+    return {"ratio_vs_disaggregated": out}
+
+
+def fig14(args: argparse.Namespace) -> dict[str, Any]:
+    sc = _scenario("7B+30B", args)
+    wl = Workload.sample(sc.workload, args.seed)
+    hs = [0.01, 5, 30, 60, 90, 120, 600]
+    deps = [DeploymentConfig(kind="shiftable", strategy="pivotrl", training_devices=sc.num_devices // 4,
+                             strategy_cfg={"horizon_s": float(h)}) for h in hs]
+    res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
+    _table(["H (s)", "tok/s", "shifts/step"], [[h, round(r.tps), r.shifts_per_step] for h, r in zip(hs, res)])
+    plots.sweep(hs, [r.tps for r in res], [r.shifts_per_step for r in res], args.out / "fig14.png", "H (s)",
+                "tokens/s", "shifts per step", f"Fig. 14 (simulated): {sc.name}")
+    return {"H": hs, "tps": [r.tps for r in res], "shifts_per_step": [r.shifts_per_step for r in res]}
+
+
+def _scaling_runs(args: argparse.Namespace) -> dict[str, dict[int, SimResult]]:
+    sizes = {"1.5B+9B": [16, 32, 64, 128], "7B+30B": [32, 64, 128]}
+    out: dict[str, dict[int, SimResult]] = {}
+    for key, ns in sizes.items():
+        cfgs = [SimConfig(scenario=_scenario(key, args, num_devices=n), seed=args.seed,
+                          deployment=DeploymentConfig(kind="shiftable", strategy="pivotrl", training_devices=n // 4))
+                for n in ns]
+        out[key] = dict(zip(ns, simulate_many(cfgs, None, args.jobs)))
+    return out
+
+
+def _mean_std(xs: list[float]) -> str:
+    return f"{statistics.fmean(xs):.3g}±{statistics.pstdev(xs):.2g}" if xs else "-"
+
+
+def tab2(args: argparse.Namespace) -> dict[str, Any]:
+    rows, data = [], {}
+    for key, runs in _scaling_runs(args).items():
+        for n, r in runs.items():
+            calls = [tuple(1e3 * x for x in c) for c in r.planner_calls]
+            total = [sum(c) for c in calls]
+            ref = paper.TABLE2_TOTAL_S[key].get(n)
+            rows.append([key, n, len(calls)] + [_mean_std([c[i] for c in calls]) for i in range(3)]
+                        + [_mean_std(total), "-" if ref is None else f"{1e3 * ref:.0f}"])
+            data[f"{key}@{n}"] = {"calls": len(calls), "total_ms_mean": statistics.fmean(total) if total else 0.0}
+    _table(["group", "N", "plans", "preprocess ms", "construct ms", "simulate ms", "total ms", "paper ms"], rows)
+    plots.bars(list(data), {"total ms": [v["total_ms_mean"] for v in data.values()]}, args.out / "tab2.png",
+               "ms per decision (wall)", "Table 2 (planner time inside the simulator)")
+    return {"planner": data}
+
+
+def tab3(args: argparse.Namespace) -> dict[str, Any]:
+    rows, data = [], {}
+    for key, runs in _scaling_runs(args).items():
+        for n, r in runs.items():
+            m = r.migrations
+            parts = [[x.abort_s for x in m], [x.dispatch_s for x in m], [x.reprefill_s for x in m]]
+            total = [a + b + c for a, b, c in zip(*parts)]
+            ref = paper.TABLE3_TOTAL_S[key].get(n)
+            rows.append([key, n, len(m)] + [_mean_std(p) for p in parts] + [_mean_std(total), ref or "-"])
+            data[f"{key}@{n}"] = {"migrated": len(m), "total_s_mean": statistics.fmean(total) if total else 0.0}
+    _table(["group", "N", "migrated", "abort s", "dispatch s", "re-prefill s", "total s", "paper total s"], rows)
+    plots.bars(list(data), {"total s": [v["total_s_mean"] for v in data.values()]}, args.out / "tab3.png",
+               "s per migrated sequence (simulated)", "Table 3 (simulated migration time)")
+    return {"migration": data}
+
+
+EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "fig9": fig9, "fig10": fig10, "fig11": fig11, "fig14": fig14, "tab2": tab2, "tab3": tab3,
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m pivotrl.sim.experiments", description=__doc__.split("\n")[0])
+    parser.add_argument("name", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--out", type=Path, default=Path("runs/sim"), help="folder for the PNG")
+    parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the scenario's, 5)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes for independent runs")
+    parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS), help="fig9: model groups to run")
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = EXPERIMENTS[args.name](args)
+    print(f"saved {args.out / (args.name + '.png')}")
+    if args.json:
+        print(json.dumps(data))
+    return data
+
+
+if __name__ == "__main__":
+    main()
