@@ -1,7 +1,7 @@
 """Flat parameter buffers and the regions transfers move between them (§5.1 "Implementation", App. B.2).
 
 A GPS node copy and a device's shards are each one flat byte buffer holding one box of several
-parameters, every piece stored contiguously (row-major) at a 64-byte aligned offset. The offsets
+parameters, every piece stored contiguously (row-major) at a 16-byte aligned offset. The offsets
 depend only on the boxes and dtypes, so every process computes the same geometry for a buffer that
 lives in another process (one-sided transports address it by base address + offset).
 
@@ -18,7 +18,7 @@ import torch
 
 from pivotrl.gps.layout import Box
 
-ALIGN_BYTES = 64
+ALIGN_BYTES = 16  # piece alignment: any dtype; pieces whose sizes are multiples of it sit back to back
 
 
 def itemsize(dtype: torch.dtype) -> int:

@@ -121,8 +121,7 @@ class GlobalParameterStorage:
         geometry = state.geometry[node]
         slots = [FlatBuffer(geometry, share=True, pin=self.config.pin_host_memory, key=state.buffer_key(node, s))
                  for s in range(2 if state.writable else 1)]
-        for name, box in geometry.boxes.items():
-            slots[0].views[name].copy_(params[name][box.slices()])
+        self.transport.copy([(params[name][box.slices()], slots[0].views[name]) for name, box in geometry.boxes.items()])
         for slot in slots:
             self.transport.register(slot.key, slot.tensor)
         return slots

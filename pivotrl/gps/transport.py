@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from pivotrl.gps.buffers import Region
+from pivotrl.gps.copies import CompiledCopies, compile_copies, run_copies
 from pivotrl.gps.plan import LinkProfile
 
 
@@ -40,10 +41,7 @@ class Program:
 
     copies: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (src view, dst view)
     moves: list[Move] = field(default_factory=list)  # plan order, only those involving this process
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(d.numel() * d.element_size() for _, d in self.copies)
+    compiled: CompiledCopies | None = None  # the copies as raw ops, built on first run
 
 
 class Transport(ABC):
@@ -58,19 +56,14 @@ class Transport(ABC):
         self._threads = copy_threads
 
     def copy(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """In-process copies, split over ``copy_threads`` (torch's copy kernels release the GIL)."""
-        if self._pool is None or len(copies) < 2:
-            _copy_all(copies)
-        else:
-            lanes: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(self._threads)]
-            load = [0] * self._threads
-            for pair in sorted(copies, key=lambda p: -p[1].numel() * p[1].element_size()):
-                lane = load.index(min(load))
-                lanes[lane].append(pair)
-                load[lane] += pair[1].numel() * pair[1].element_size()
-            list(self._pool.map(_copy_all, lanes))
-        if any(d.is_cuda for _, d in copies):
-            torch.cuda.synchronize()
+        """In-process copies (``copies.py``), split over ``copy_threads``."""
+        run_copies(compile_copies(copies, self._threads), self._pool)
+
+    def copy_program(self, program: Program) -> None:
+        """The program's in-process copies, compiled once and reused while the program is cached."""
+        if program.compiled is None:
+            program.compiled = compile_copies(program.copies, self._threads)
+        run_copies(program.compiled, self._pool)
 
     @abstractmethod
     def run(self, program: Program) -> None: ...
@@ -90,11 +83,6 @@ class Transport(ABC):
             self._pool = None
 
 
-def _copy_all(copies: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for src, dst in copies:
-        dst.copy_(src, non_blocking=dst.is_cuda)
-
-
 class LocalTransport(Transport):
     """Every endpoint lives in this process: plain copies."""
 
@@ -103,7 +91,7 @@ class LocalTransport(Transport):
     def run(self, program: Program) -> None:
         if program.moves:
             raise ValueError("the local transport cannot move data between processes; use 'nixl' or 'torch'")
-        self.copy(program.copies)
+        self.copy_program(program)
 
 
 class TorchTransport(Transport):
@@ -131,15 +119,17 @@ class TorchTransport(Transport):
             inbox = torch.empty(sum(v.numel() * v.element_size() for v in views), dtype=torch.uint8)
             works.append(dist.irecv(inbox, group=self.group, group_src=peer))
             inboxes.append((inbox, views))
-        self.copy(program.copies)
+        self.copy_program(program)
         for work in works:
             work.wait()
+        unpack = []
         for inbox, views in inboxes:
             off = 0
             for v in views:
                 n = v.numel() * v.element_size()
-                v.copy_(inbox[off: off + n].view(v.dtype).view(v.shape))
+                unpack.append((inbox[off: off + n].view(v.dtype).view(v.shape), v))
                 off += n
+        self.copy(unpack)
 
 
 def measure_link_profile(*, nbytes: int = 64 << 20, remote_bytes_per_s: float | None = None,

@@ -92,7 +92,7 @@ class NixlTransport(Transport):
             if self.agent.transfer(handle) == "ERR":
                 raise RuntimeError(f"NIXL {op} with rank {peer} failed to start")
             handles.append((handle, op, peer))
-        self.copy(program.copies)
+        self.copy_program(program)
         for handle, op, peer in handles:
             state = self.agent.check_xfer_state(handle)
             while state == "PROC":

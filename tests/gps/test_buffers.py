@@ -1,12 +1,15 @@
-"""Flat buffers and byte runs: copying the paired runs of two regions moves exactly what a view copy moves
-(this is what NIXL descriptors are built from)."""
+"""Flat buffers, byte runs and compiled copies: copying the paired runs of two regions moves exactly what a view
+copy moves (NIXL descriptors are built from them); compiled copies write exactly their destination views."""
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pivotrl.gps.buffers import ALIGN_BYTES, BufferGeometry, FlatBuffer, paired_runs
+from pivotrl.gps.copies import compile_copies, run_copies
 from pivotrl.gps.layout import Box
 
 
@@ -48,6 +51,30 @@ def test_geometry_is_aligned_and_deterministic() -> None:
     boxes = {"a": Box((0,), (3,)), "b": Box((0, 0), (2, 5))}
     dtypes = {"a": torch.bfloat16, "b": torch.float32}
     g1, g2 = BufferGeometry(boxes, dtypes), BufferGeometry(dict(boxes), dict(dtypes))
-    assert g1.offsets == g2.offsets == {"a": 0, "b": ALIGN_BYTES} and g1.nbytes == 2 * ALIGN_BYTES
+    assert g1.offsets == g2.offsets == {"a": 0, "b": ALIGN_BYTES} and g1.nbytes == ALIGN_BYTES + 48  # 40 bytes rounded up
     buf = FlatBuffer(g1, share=True)
     assert buf.tensor.is_shared() and buf.views["b"].shape == (2, 5) and buf.views["b"].dtype == torch.float32
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 8)), min_size=1, max_size=5), st.integers(1, 3),
+       st.sampled_from([torch.float32, torch.bfloat16]), st.data())
+def test_compiled_copies_write_exactly_the_destination_views(shapes: list, threads: int, dtype: torch.dtype,
+                                                             data: st.DataObject) -> None:
+    names = [f"p{i}" for i in range(len(shapes))]
+    geometry = BufferGeometry({n: Box.full(s) for n, s in zip(names, shapes)}, dict.fromkeys(names, dtype))
+    src, dst = FlatBuffer(geometry), FlatBuffer(geometry)
+    src.tensor.copy_(torch.arange(src.tensor.numel()) % 251 + 1)  # nonzero everywhere, padding included
+    copies, written = [], {}
+    for n, (rows, cols) in zip(names, shapes):
+        r0, c0 = data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, cols - 1))
+        box = Box((r0, c0), (data.draw(st.integers(r0 + 1, rows)), data.draw(st.integers(c0 + 1, cols))))
+        copies.append((src.views[n][box.slices()], dst.views[n][box.slices()]))
+        written[n] = box
+    with ThreadPoolExecutor(threads) as pool:
+        run_copies(compile_copies(copies, threads), pool)
+    for n in names:
+        mask = torch.zeros(src.views[n].shape, dtype=torch.bool)
+        mask[written[n].slices()] = True
+        assert torch.equal(dst.views[n][mask], src.views[n][mask])
+        assert (dst.views[n][~mask] == 0).all()
