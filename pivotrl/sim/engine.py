@@ -58,7 +58,8 @@ class Simulator:
         for role, spec, tp in (("rollout", self.policy, sc.policy_tp), ("reward", self.reward, sc.reward_tp)):
             truth = TrueLatency.build(spec, self.costs.device, tp, cfg.hardware)
             belief = fit_belief(truth, rng, sigma)
-            self.roles[role] = RoleRuntime(role, tp, truth, belief, rng, sigma, self.schedule, self._finished)
+            seed = int(rng.integers(2**63))
+            self.roles[role] = RoleRuntime(role, tp, truth, belief, seed, sigma, self.schedule, self._finished)
         S, B = self.workload.num_steps, self.workload.seqs_per_step
         self.staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
         self.released = 0  # steps whose rollouts were submitted
@@ -189,8 +190,7 @@ class Simulator:
         return out
 
     def _sample(self) -> None:
-        for rt in self.roles.values():
-            rt.sync_all(self.now)
+        """Record the timeline without syncing anything (observing never changes the run)."""
         ro, rm = self.roles["rollout"], self.roles["reward"]
         self.timeline.append(TimelinePoint(time_s=self.now, devices=self.devices_by_role(),
                                            rollout_tps=ro.throughput(), reward_tps=rm.throughput(),

@@ -75,6 +75,10 @@ def test_same_seed_same_run_and_other_seed_other_run() -> None:
     a, b, c = (_run("pivotrl", seed=s).result for s in (7, 7, 8))  # type: ignore[attr-defined]
     assert (a.makespan_s, a.step_end_s, a.num_events, a.shifts) == (b.makespan_s, b.step_end_s, b.num_events, b.shifts)
     assert a.makespan_s != c.makespan_s
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=DEPLOYMENTS["pivotrl"], seed=7, record_timeline=True,
+                    sample_s=0.37)
+    observed = Simulator(cfg, make_controller(cfg)).run()  # sampling a timeline does not perturb the run
+    assert observed.timeline and (observed.makespan_s, observed.shifts) == (a.makespan_s, a.shifts)
 
 
 def test_fluid_work_bound_equals_token_by_token_sum() -> None:
