@@ -158,7 +158,8 @@ def summarize(model: str, reports: list[ShiftReport], bandwidth: float) -> list[
             rows.append({
                 "model": model, "role": role, "direction": direction, "params_bytes": params,
                 "seconds": statistics.median(r.seconds for r in mine), "floor_s": copied / bandwidth,
-                "parameters_s": median["parameters"], "offload_s": median["offloadable"] if direction == "down" else 0.0,
+                "parameters_s": median["parameters"],
+                "offload_s": median["offloadable"] if direction == "down" else 0.0,
                 "reload_s": median["offloadable"] if direction == "up" else 0.0,
                 "engine_s": median["temporary"] if role != "training" else 0.0,
                 "state_bytes": last.kind("offloadable").num_bytes,

@@ -137,7 +137,8 @@ def main() -> None:
           f"first offload (allocating host buffers) {first_offload_s:.4f} s")
     if args.json:
         print(json.dumps({"grpo_step_s": grpo_s, "lm_step_s": lm_s, "tokens_per_step": num_tokens,
-                          "grpo_tps": num_tokens / grpo_s, "optimizer_bytes": state_bytes, "offload_s": offload_s, "first_offload_s": first_offload_s,
+                          "grpo_tps": num_tokens / grpo_s, "optimizer_bytes": state_bytes, "offload_s": offload_s,
+                          "first_offload_s": first_offload_s,
                           "reload_s": reload_s, "d2h_bytes_per_s": d2h, "h2d_bytes_per_s": h2d,
                           "peak_bytes": peak}))
 

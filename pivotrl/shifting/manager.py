@@ -98,7 +98,8 @@ class RoleContextManager:
     def _check_free(self, role: ShiftableRole) -> None:
         busy = {d: self._up[self._holder[d]].role for d in role.devices if d in self._holder}
         if busy:
-            raise ShiftError(f"shift_up: {role.role} needs devices {role.devices}, but {busy} are held: shift them down")
+            raise ShiftError(f"shift_up: {role.role} needs devices {role.devices}, but {busy} are held: "
+                             "shift them down first")
 
     def _claim(self, role: ShiftableRole) -> None:
         if self.is_up(role):

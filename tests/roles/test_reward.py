@@ -151,7 +151,8 @@ def test_total_is_sum_and_unparsed_is_counted_never_scored() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("score_scale", 0.0), ("on_unparsed", "zero"), ("tail_chars", 0), ("score_scale", float("inf"))]
+    ("field", "value"),
+    [("score_scale", 0.0), ("on_unparsed", "zero"), ("tail_chars", 0), ("score_scale", float("inf"))],
 )
 def test_config_validation_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):

@@ -109,7 +109,8 @@ def test_down_then_up_reports_every_kind_with_its_action_and_bytes() -> None:
     manager.adopt(training.start_up())
     down = manager.shift_down(training)
     assert [k.kind for k in down.kinds] == list(KINDS)
-    assert [(k.action, k.num_bytes) for k in down.kinds] == [("discard", 7), ("discard", 10), ("offload", 20), ("keep", 3)]
+    assert [(k.action, k.num_bytes) for k in down.kinds] == [
+        ("discard", 7), ("discard", 10), ("offload", 20), ("keep", 3)]
     assert [k.seconds for k in down.kinds] == [0.5] * 4 and down.seconds == 2.0
     assert training.on_device == {"temporary": 0, "parameters": 0, "offloadable": 0} and training.on_host == 20
     assert manager.role_on(0) is None and not manager.is_up(training)
