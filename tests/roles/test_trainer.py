@@ -234,8 +234,13 @@ def test_two_rank_ddp_keeps_ranks_identical_across_a_shift_and_matches_one_proce
     procs = [ctx.Process(target=_ddp_rank, args=(rank, store.port, str(tmp_path))) for rank in range(2)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout=240)
+    try:
+        for p in procs:
+            p.join(timeout=240)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     assert [p.exitcode for p in procs] == [0, 0]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     reference = GRPOTrainer(_model(seed=0), TrainerConfig(lr=1e-3, micro_batch_size=2))
