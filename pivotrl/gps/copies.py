@@ -2,9 +2,11 @@
 
 Host-to-host copies whose two ends are contiguous become raw ``memmove``s, and runs adjacent in both
 buffers are merged, so a replicated read with ``tp=1`` is one memcpy (large copies run at the
-non-temporal-store speed of a big memcpy, small ones cannot). Strided host copies go through numpy (several
-times faster than ``Tensor.copy_`` for strided bf16 here); anything touching a GPU uses ``copy_``. The
-work is cut into ``threads`` lanes of equal bytes; ``memmove`` and numpy release the GIL.
+non-temporal-store speed of a big memcpy, small ones cannot). Contiguous copies to or from a GPU are
+merged the same way and issued as one ``copy_`` per merged run (one DMA from pinned memory). Strided
+host copies go through numpy (several times faster than ``Tensor.copy_`` for strided bf16 here); other
+copies touching a GPU use ``copy_``. The work is cut into ``threads`` lanes of about equal bytes;
+``memmove`` and numpy release the GIL.
 
 Invariant: executing the compiled copies writes exactly the destination views, each once.
 """
@@ -70,26 +72,45 @@ def _lanes(mem: list[list[int]], other: list[tuple[Op, int]], threads: int) -> l
     return [lane for lane in lanes if lane]
 
 
-def compile_copies(copies: Sequence[tuple[torch.Tensor, torch.Tensor]], threads: int = 1) -> CompiledCopies:
-    """(src view, dst view) pairs with disjoint destinations -> lanes of raw ops."""
+def compile_copies(copies: Sequence[tuple[torch.Tensor, torch.Tensor]], threads: int = 1, *,
+                   memmove: bool = True) -> CompiledCopies:
+    """(src view, dst view) pairs with disjoint destinations -> lanes of raw ops (``memmove=False``: contiguous
+    host copies take the merged ``copy_`` path that GPU copies take)."""
     mem: list[list[int]] = []
+    device_runs: dict[tuple, list[list[int]]] = {}  # contiguous copies touching a GPU, per storage pair
+    storages: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
     other: list[tuple[Op, int]] = []
     keep: list[torch.Tensor] = []
     for src, dst in copies:
         n = _nbytes(dst)
         if n == 0:
             continue
-        host = src.device.type == "cpu" and dst.device.type == "cpu" and src.dtype == dst.dtype
-        if host and src.is_contiguous() and dst.is_contiguous():
+        same = src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous()
+        host = src.device.type == "cpu" and dst.device.type == "cpu"
+        if same and host and memmove:
             mem.append([dst.data_ptr(), src.data_ptr(), n])
             keep += [src, dst]
+        elif same:
+            key = (dst.device, dst.untyped_storage().data_ptr(), src.device, src.untyped_storage().data_ptr())
+            device_runs.setdefault(key, []).append([dst.data_ptr(), src.data_ptr(), n])
+            storages[key] = (dst, src)
         elif host:
             other.append((("np", _as_numpy(dst), _as_numpy(src)), n))
         else:
             other.append((("torch", dst, src), n))
+    for key, runs in device_runs.items():  # merged like memmoves, then copied as byte views of the storages
+        dst, src = storages[key]
+        for d, s_, n in _merge(runs):
+            other.append((("torch", _bytes_view(dst, d, n), _bytes_view(src, s_, n)), n))
     cuda = any(op[0] == "torch" and (op[1].is_cuda or op[2].is_cuda) for op, _ in other)
     return CompiledCopies(_lanes(_merge(mem), other, max(threads, 1)), keep, cuda,
                           sum(n for _, _, n in mem) + sum(n for _, n in other))
+
+
+def _bytes_view(t: torch.Tensor, ptr: int, nbytes: int) -> torch.Tensor:
+    """``nbytes`` bytes at address ``ptr`` inside ``t``'s storage, as a uint8 tensor."""
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, ptr - storage.data_ptr(), (nbytes,))
 
 
 def _run_lane(lane: list[Op]) -> None:

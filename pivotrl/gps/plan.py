@@ -175,8 +175,9 @@ def build_plan(refinement: Refinement, *, source_node: Mapping[int, int], target
     arrays = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in parts.items()}
     lengths, slices, targets, sizes = (np.array(col, dtype=np.int64) for col in zip(*scalars)) if scalars else [
         np.zeros(0, dtype=np.int64)] * 4
+    latency = {e: float(load[i]) for i, e in enumerate(senders)}
     return Plan(refinement, arrays["param"], np.repeat(slices, lengths), arrays["source"],
-                np.repeat(targets, lengths), np.repeat(sizes, lengths), {e: float(load[i]) for i, e in enumerate(senders)})
+                np.repeat(targets, lengths), np.repeat(sizes, lengths), latency)
 
 
 def plan_operation(op: Literal["read", "write"], gps: Layout, devices: Sequence[int], parallelism: Parallelism, *,

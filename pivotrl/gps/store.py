@@ -121,7 +121,8 @@ class GlobalParameterStorage:
         geometry = state.geometry[node]
         slots = [FlatBuffer(geometry, share=True, pin=self.config.pin_host_memory, key=state.buffer_key(node, s))
                  for s in range(2 if state.writable else 1)]
-        self.transport.copy([(params[name][box.slices()], slots[0].views[name]) for name, box in geometry.boxes.items()])
+        self.transport.copy([(params[name][box.slices()], slots[0].views[name])
+                             for name, box in geometry.boxes.items()])
         for slot in slots:
             self.transport.register(slot.key, slot.tensor)
         return slots

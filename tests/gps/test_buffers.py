@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,16 +52,17 @@ def test_geometry_is_aligned_and_deterministic() -> None:
     boxes = {"a": Box((0,), (3,)), "b": Box((0, 0), (2, 5))}
     dtypes = {"a": torch.bfloat16, "b": torch.float32}
     g1, g2 = BufferGeometry(boxes, dtypes), BufferGeometry(dict(boxes), dict(dtypes))
-    assert g1.offsets == g2.offsets == {"a": 0, "b": ALIGN_BYTES} and g1.nbytes == ALIGN_BYTES + 48  # 40 bytes rounded up
+    assert g1.offsets == g2.offsets == {"a": 0, "b": ALIGN_BYTES}
+    assert g1.nbytes == ALIGN_BYTES + 48  # 40 bytes, rounded up
     buf = FlatBuffer(g1, share=True)
     assert buf.tensor.is_shared() and buf.views["b"].shape == (2, 5) and buf.views["b"].dtype == torch.float32
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 8)), min_size=1, max_size=5), st.integers(1, 3),
-       st.sampled_from([torch.float32, torch.bfloat16]), st.data())
+       st.sampled_from([torch.float32, torch.bfloat16]), st.booleans(), st.data())
 def test_compiled_copies_write_exactly_the_destination_views(shapes: list, threads: int, dtype: torch.dtype,
-                                                             data: st.DataObject) -> None:
+                                                             memmove: bool, data: st.DataObject) -> None:
     names = [f"p{i}" for i in range(len(shapes))]
     geometry = BufferGeometry({n: Box.full(s) for n, s in zip(names, shapes)}, dict.fromkeys(names, dtype))
     src, dst = FlatBuffer(geometry), FlatBuffer(geometry)
@@ -72,9 +74,20 @@ def test_compiled_copies_write_exactly_the_destination_views(shapes: list, threa
         copies.append((src.views[n][box.slices()], dst.views[n][box.slices()]))
         written[n] = box
     with ThreadPoolExecutor(threads) as pool:
-        run_copies(compile_copies(copies, threads), pool)
+        run_copies(compile_copies(copies, threads, memmove=memmove), pool)  # False: the GPU path
     for n in names:
         mask = torch.zeros(src.views[n].shape, dtype=torch.bool)
         mask[written[n].slices()] = True
         assert torch.equal(dst.views[n][mask], src.views[n][mask])
         assert (dst.views[n][~mask] == 0).all()
+
+
+@pytest.mark.parametrize("memmove", [True, False])
+def test_whole_buffer_copies_merge_into_one_op(memmove: bool) -> None:
+    geometry = BufferGeometry({"a": Box((0, 0), (4, 8)), "b": Box((0,), (12,))}, {"a": torch.float32, "b": torch.int32})
+    src, dst = FlatBuffer(geometry), FlatBuffer(geometry)
+    src.tensor.fill_(7)
+    compiled = compile_copies([(src.views["b"], dst.views["b"]), (src.views["a"], dst.views["a"])], memmove=memmove)
+    assert [[op[0] for op in lane] for lane in compiled.lanes] == [["mem" if memmove else "torch"]]
+    run_copies(compiled, None)
+    assert torch.equal(dst.tensor, src.tensor)
