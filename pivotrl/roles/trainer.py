@@ -207,8 +207,7 @@ class GRPOTrainer:
         advantages = group_advantages(batch.rewards, batch.group_ids, eps=c.adv_eps)
         old = batch.old_logprobs if batch.old_logprobs is not None else self.compute_logprobs(batch)
         micro = self._micro_batches(len(batch.prompt_ids))
-        counts = torch.tensor([_num_tokens(batch, advantages), len(micro), -len(micro)], dtype=torch.float64)
-        num_tokens, _, _ = self._all_reduce_counts(counts, len(micro))
+        num_tokens = self._global_token_count(_num_tokens(batch, advantages), len(micro))
         scale = self._world_size() / max(num_tokens, 1)
         total = torch.zeros((), dtype=torch.float64)
         clipped = torch.zeros((), dtype=torch.float64)
@@ -326,19 +325,19 @@ class GRPOTrainer:
     def _world_size(self) -> int:
         return 1 if self.process_group is None else dist.get_world_size(self.process_group)
 
-    def _all_reduce(self, values: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, values: torch.Tensor, op: Any = None) -> torch.Tensor:
         if self.process_group is not None:
             values = values.to(self._collective_device())
-            dist.all_reduce(values, group=self.process_group)
+            dist.all_reduce(values, op=op or dist.ReduceOp.SUM, group=self.process_group)
         return values.cpu()
 
-    def _all_reduce_counts(self, counts: torch.Tensor, num_micro: int) -> tuple[int, int, int]:
-        """Global token count; raises unless every rank runs ``num_micro`` micro-batches."""
-        total, micro_sum, neg_sum = (int(v) for v in self._all_reduce(counts).tolist())
-        world = self._world_size()
-        if micro_sum != world * num_micro or -neg_sum != world * num_micro:
-            raise ValueError(f"micro_batch_size: ranks run different numbers of micro-batches (this rank {num_micro})")
-        return total, micro_sum, neg_sum
+    def _global_token_count(self, num_tokens: int, num_micro: int) -> int:
+        """Response tokens over all ranks; raises on every rank unless all run ``num_micro`` micro-batches."""
+        spread = self._all_reduce(torch.tensor([num_micro, -num_micro], dtype=torch.float64), dist.ReduceOp.MAX)
+        if spread[0] != -spread[1]:
+            raise ValueError(f"micro_batch_size: ranks run between {int(-spread[1])} and {int(spread[0])} "
+                             "micro-batches; give every rank the same number of sequences")
+        return int(self._all_reduce(torch.tensor([num_tokens], dtype=torch.float64))[0])
 
     def _collective_device(self) -> torch.device:
         backend = dist.get_backend(self.process_group)

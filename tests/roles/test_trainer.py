@@ -222,6 +222,9 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
         trainer.load_parameters(snapshot), trainer.reload_optimizer()
         trainer.step(_split(_batch(11, num_groups=4), rank))
         torch.save(trainer.state_dict_hf(), Path(out) / f"rank{rank}.pt")
+        with pytest.raises(ValueError, match="micro-batches"):  # 1 vs 2 micro-batches: both ranks refuse
+            trainer.step(_batch(12, num_groups=1 + rank, group_size=2, drop=False))
+        (Path(out) / f"refused{rank}").touch()
     finally:
         dist.destroy_process_group(group)
         dist.destroy_process_group()
@@ -243,6 +246,7 @@ def test_two_rank_ddp_keeps_ranks_identical_across_a_shift_and_matches_one_proce
                 p.kill()
     assert [p.exitcode for p in procs] == [0, 0]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert all((tmp_path / f"refused{r}").exists() for r in range(2))
     reference = GRPOTrainer(_model(seed=0), TrainerConfig(lr=1e-3, micro_batch_size=2))
     for step in range(2):  # one process, the whole batch, ranks' shares in order
         whole = _batch(10 + step, num_groups=4)
