@@ -8,7 +8,7 @@
 (c) plan build time (GPS layout + device layout + refinement + greedy assignment) and cached-plan lookup
     for a 72B-like dense model and a 30B-A3B-like MoE on 128 devices (16 nodes x 8).
 Every timing is the best of ``--repeats`` runs after one warm-up.
-Usage: python benchmarks/gps.py [--json] [--repeats R]
+Usage: python benchmarks/gps.py [--json] [--repeats R] [--copy-threads T]
 """
 from __future__ import annotations
 
@@ -144,9 +144,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copy-threads", type=int, default=1, help="GPSConfig.copy_threads for (a)")
     args = parser.parse_args()
-    print(f"torch threads: {torch.get_num_threads()}, cpus: {os.cpu_count()}")
-    local = bench_local_reads(args.repeats)
+    print(f"torch threads: {torch.get_num_threads()}, cpus: {os.cpu_count()}, copy threads: {args.copy_threads}")
+    local = bench_local_reads(args.repeats, args.copy_threads)
     print(f"\n(a) node-local Read vs single-thread memcpy of the same bytes\n{'parallelism':<12}{'GiB':>7}"
           f"{'read GB/s':>11}{'memcpy GB/s':>13}{'ratio':>7}")
     for r in local:
