@@ -3,7 +3,9 @@
 Pure cores (no torch): ``spec`` (Parallelism, ParamSpec, ModelSpec), ``layout`` (device and GPS layouts,
 their common refinement), ``placement`` (replication-first, App. B.1), ``plan`` (least-loaded all-to-all
 plans and their cache, App. B.2), ``synthetic`` (benchmark-scale parameter sets). Data plane (torch):
-``store`` (``GlobalParameterStorage``: Read and Write) and ``transport`` (local copy, NIXL, gloo).
+``store`` (``GlobalParameterStorage``: Read and Write; ``GPSConfig`` in ``config``), ``programs`` (a plan
+as one process's work), ``buffers`` and ``copies`` (flat host/device buffers, compiled copies),
+``transport`` (local copy, gloo) and ``transport_nixl`` (NIXL). ``convert`` maps HF names to vLLM's.
 Importing this package imports no torch; import ``pivotrl.gps.store`` for the data plane.
 """
 from pivotrl.gps.layout import (

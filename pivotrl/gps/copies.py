@@ -82,6 +82,8 @@ def compile_copies(copies: Sequence[tuple[torch.Tensor, torch.Tensor]], threads:
     other: list[tuple[Op, int]] = []
     keep: list[torch.Tensor] = []
     for src, dst in copies:
+        if src.shape != dst.shape:
+            raise ValueError(f"copy between shapes {tuple(src.shape)} and {tuple(dst.shape)}")
         n = _nbytes(dst)
         if n == 0:
             continue

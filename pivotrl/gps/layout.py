@@ -224,6 +224,8 @@ def _refine_param(name: str, shape: tuple[int, ...], source: tuple[Piece, ...],
         axes = [range(position[d][a], position[d][b]) for d, (a, b) in enumerate(zip(tgt.box.start, tgt.box.stop))]
         for cell in itertools.product(*axes):
             box = Box(tuple(cuts[d][i] for d, i in enumerate(cell)), tuple(cuts[d][i + 1] for d, i in enumerate(cell)))
+            if box.numel == 0:
+                continue  # a zero-size parameter: nothing to move
             holders = tuple(sorted({h for src in source if src.box.contains(box) for h in src.holders}))
             if not holders:
                 raise ValueError(f"source layout does not hold {name}[{box.start}:{box.stop}]")

@@ -221,6 +221,8 @@ class GlobalParameterStorage:
                   dests: Mapping[int, Mapping[str, torch.Tensor]], *, min_version: int | None = None) -> int:
         """Fill caller-owned tensors (e.g. an engine's parameters): ``dests[device][hf_name]`` must have the
         shape of that device's box; names left out are skipped. Returns the version read."""
+        if not set(dests) <= set(devices):
+            raise ValueError(f"read_into {model!r}: devices {sorted(set(dests) - set(devices))} are not in {devices}")
         if self.group is not None:  # across processes: read into the GPS buffers, then copy
             result = self.read(model, devices, parallelism, min_version=min_version)
             for d, tensors in dests.items():
@@ -233,7 +235,13 @@ class GlobalParameterStorage:
                    dests: Mapping[int, Mapping[str, torch.Tensor]], min_version: int | None) -> int:
         state = self._state(model)
         plan = self.plan("read", model, devices, parallelism)
-        boxes = {d: self._layout(state, devices, parallelism).boxes(d) for d in dests}
+        layout = self._layout(state, devices, parallelism)
+        boxes = {d: layout.boxes(d) for d in dests}
+        for d, tensors in dests.items():
+            for name, out in tensors.items():
+                if name not in boxes[d] or tuple(out.shape) != boxes[d][name].shape or out.dtype != state.dtypes[name]:
+                    raise ValueError(f"read_into {model!r}: device {d} has no {name} of shape "
+                                     f"{tuple(out.shape)} {out.dtype} under {parallelism}")
         with self._pinned(state, min_version) as (slot, version):
             self.transport.run(read_program(self, state, plan, slot, {}, dests=dests, boxes=boxes))
             return version

@@ -131,6 +131,8 @@ def test_buffers_are_reused_per_signature_and_read_into_fills_caller_tensors() -
         out = torch.empty(8, 6, dtype=torch.bfloat16)
         assert gps.read_into("genrm", [0, 1], Parallelism(tp=2), {1: {name: out}}) == 0
         assert torch.equal(out, params[name][:, 6:])
+        with pytest.raises(ValueError, match="device 1 has no .* of shape \\(8, 5\\)"):
+            gps.read_into("genrm", [0, 1], Parallelism(tp=2), {1: {name: torch.empty(8, 5, dtype=torch.bfloat16)}})
         assert all(t.is_shared() for t in gps.host_copy("genrm", 0).values())
 
 
