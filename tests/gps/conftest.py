@@ -1,7 +1,6 @@
 """Shared builders for GPS tests: small HF-named models with every partition kind."""
 from __future__ import annotations
 
-import pytest
 from hypothesis import strategies as st
 
 from pivotrl.gps.layout import ModelSpec, Parallelism, specs_from_shapes
@@ -30,8 +29,3 @@ def parallelisms(draw: st.DrawFn, *, max_devices: int = 8, moe: bool = False) ->
     if moe:
         ep = draw(st.sampled_from([e for e in (1, 2, 4) if (dp * tp) % e == 0]))
     return Parallelism(dp=dp, tp=tp, pp=pp, ep=ep)
-
-
-@pytest.fixture
-def dense() -> ModelSpec:
-    return tiny_dense()
