@@ -127,11 +127,13 @@ class SimConfig:
     record_timeline: bool = False  # sample per-role throughput and allocation over time
     sample_s: float = 10.0  # timeline sampling period of static deployments
     max_time_s: float = 1e7  # give up (raise) if the run has not finished by then
+    idle_stall_s: float = 600.0  # raise if nothing ran for this long while work waited (a deadlock)
 
     def __post_init__(self) -> None:
         self.deployment.check(self.scenario)
-        if self.sample_s <= 0 or self.max_time_s <= 0:
-            raise ValueError("SimConfig.sample_s and SimConfig.max_time_s must be > 0")
+        for name in ("sample_s", "max_time_s", "idle_stall_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SimConfig.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 def _group(name: str, policy: str, reward: str, n: int, ptp: int, rtp: int) -> Scenario:

@@ -45,6 +45,10 @@ class Controller:
     def training_devices_in_use(self, sim: Simulator) -> int:
         return 0
 
+    def busy(self, sim: Simulator) -> bool:
+        """A shift or stage switch is in flight (the engine's idle check)."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         return {}
 

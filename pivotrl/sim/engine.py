@@ -35,7 +35,11 @@ __all__ = ["Simulator", "SimulationStalled"]
 
 
 class SimulationStalled(RuntimeError):
-    """The run cannot finish: no event is pending (or max_time_s passed) before the last step trained."""
+    """The run cannot finish: nothing is pending, nothing ran for ``idle_stall_s`` while work waited
+    (a deadlock of the deployment or its strategy), or ``max_time_s`` passed."""
+
+
+_WATCHDOG_S = 60.0  # period of the idle check
 
 
 class Simulator:
@@ -86,6 +90,7 @@ class Simulator:
         self.controller.start(self)
         if self.cfg.record_timeline:
             self.schedule(0.0, self._sample)
+        self.schedule(_WATCHDOG_S, self._watchdog, 0.0)
         S = self.workload.num_steps
         events = self._events
         while self.trained < S:
@@ -98,6 +103,15 @@ class Simulator:
             self.num_events += 1
             fn(*args)
         return SimResult.build(self)
+
+    def _watchdog(self, idle_since: float) -> None:
+        """Raise if no sequence ran, no training ran and no shift was in flight for ``idle_stall_s``."""
+        busy = self.training_running or self.controller.busy(self) or any(
+            rep.seqs for rt in self.roles.values() for rep in rt.replicas.values())
+        idle_since = self.now if busy else idle_since
+        if self.now - idle_since >= self.cfg.idle_stall_s:
+            raise SimulationStalled(self._stall_report(f"idle for {self.now - idle_since:.0f} s with work waiting"))
+        self.schedule(self.now + _WATCHDOG_S, self._watchdog, idle_since)
 
     def _stall_report(self, why: str) -> str:
         ro, rm = self.roles["rollout"], self.roles["reward"]

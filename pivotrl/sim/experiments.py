@@ -44,11 +44,16 @@ def _base(kind: str, **kw: Any) -> DeploymentConfig:
 
 
 def _best(sc: Scenario, dep: DeploymentConfig, args: argparse.Namespace, wl: Workload) -> SimResult:
-    """The fastest allocation of ``dep.kind`` (quick: every other grid point)."""
+    """The fastest allocation of ``dep.kind`` (quick: every other grid point); stalled runs are skipped."""
     deps = allocations(sc, dep)
     deps = deps[::2] if args.quick and len(deps) > 2 else deps
     cfgs = [SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps]
-    return max(simulate_many(cfgs, wl, args.jobs), key=lambda r: r.tps)
+    results = simulate_many(cfgs, wl, args.jobs)
+    stalled = [d for d, r in zip(deps, results) if r is None]
+    if stalled:
+        print(f"note: {sc.name}: {len(stalled)} {dep.name} allocation(s) stalled (deadlock), skipped: "
+              + ", ".join(f"TR={d.training_devices}" if d.kind == "shiftable" else repr(d) for d in stalled))
+    return max((r for r in results if r is not None), key=lambda r: r.tps)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> None:
@@ -126,7 +131,8 @@ def fig11(args: argparse.Namespace) -> dict[str, Any]:
         deps += [DeploymentConfig(kind="shiftable", strategy=s, training_devices=piv.extra["training"])
                  for s in ("vanilla", "model")]
         res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
-        ratio = {r.deployment: r.tps / disagg.tps for r in res + [piv]}
+        ratio = {d.name: (r.tps / disagg.tps if r else 0.0) for d, r in zip(deps, res)}
+        ratio["pivotrl"] = piv.tps / disagg.tps
         out[key] = ratio
         ref = paper.FIG11_RATIO[key]
         rows += [[key, name, ratio[name], ref[name]] for name in ("static", "rule", "vanilla", "model", "pivotrl")]
@@ -144,10 +150,12 @@ def fig14(args: argparse.Namespace) -> dict[str, Any]:
     deps = [DeploymentConfig(kind="shiftable", strategy="pivotrl", training_devices=sc.num_devices // 4,
                              strategy_cfg={"horizon_s": float(h)}) for h in hs]
     res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
-    _table(["H (s)", "tok/s", "shifts/step"], [[h, round(r.tps), r.shifts_per_step] for h, r in zip(hs, res)])
-    plots.sweep(hs, [r.tps for r in res], [r.shifts_per_step for r in res], args.out / "fig14.png", "H (s)",
-                "tokens/s", "shifts per step", f"Fig. 14 (simulated): {sc.name}")
-    return {"H": hs, "tps": [r.tps for r in res], "shifts_per_step": [r.shifts_per_step for r in res]}
+    tps = [r.tps if r else 0.0 for r in res]
+    shifts = [r.shifts_per_step if r else 0.0 for r in res]
+    _table(["H (s)", "tok/s", "shifts/step"], [[h, round(t), s] for h, t, s in zip(hs, tps, shifts)])
+    plots.sweep(hs, tps, shifts, args.out / "fig14.png", "H (s)", "tokens/s", "shifts per step",
+                f"Fig. 14 (simulated): {sc.name}")
+    return {"H": hs, "tps": tps, "shifts_per_step": shifts}
 
 
 def _scaling_runs(args: argparse.Namespace) -> dict[str, dict[int, SimResult]]:
@@ -157,7 +165,7 @@ def _scaling_runs(args: argparse.Namespace) -> dict[str, dict[int, SimResult]]:
         cfgs = [SimConfig(scenario=_scenario(key, args, num_devices=n), seed=args.seed,
                           deployment=DeploymentConfig(kind="shiftable", strategy="pivotrl", training_devices=n // 4))
                 for n in ns]
-        out[key] = dict(zip(ns, simulate_many(cfgs, None, args.jobs)))
+        out[key] = {n: r for n, r in zip(ns, simulate_many(cfgs, None, args.jobs)) if r is not None}
     return out
 
 

@@ -32,8 +32,8 @@ class MigrationRecord:
 
     seq_id: int
     role: str
-    abort_s: float  # until the source replica's iteration boundary
-    dispatch_s: float  # from the abort to the dispatch (queue wait)
+    abort_s: float  # until the source replica's engine step in flight ends (at most one iteration)
+    dispatch_s: float  # queue wait from the abort to the dispatch, plus prefills queued on the destination
     reprefill_s: float  # recomputing prompt + generated tokens on the destination
     generated_tokens: int
 
@@ -182,24 +182,26 @@ class RoleRuntime:
             rep = self.replicas[act.replica_id]
             touched[act.replica_id] = rep
             if isinstance(act, Abort):
+                step = rep.factor * (self.truth.A * rep.tokens + rep.K)  # the engine step in flight
                 got = rep.leave(act.seq_id, now)
                 assert got == act.generated_tokens, f"seq {act.seq_id}: truth {got} != scheduler {act.generated_tokens}"
-                self._aborted[act.seq_id] = (now, max(rep.clock - now, 0.0))
+                self._aborted[act.seq_id] = (now, min(max(rep.clock - now, 0.0), step))
             else:
                 prompt, response = self.facts[act.seq_id]
+                queued = max(rep.clock - now, 0.0)  # prefills queued ahead of it on the destination
                 prefill = rep.join(act.seq_id, prompt, act.generated_tokens, response, now)
-                self._record_migration(act.seq_id, act.generated_tokens, prefill, now)
+                self._record_migration(act.seq_id, act.generated_tokens, queued, prefill, now)
         for rep in touched.values():
             rep.refresh()
             if rep.tokens > self.truth.kv_capacity_tokens:
                 self.num_overflows += 1
             self._reschedule(rep)
 
-    def _record_migration(self, seq_id: int, generated: int, prefill: float, now: float) -> None:
+    def _record_migration(self, seq_id: int, generated: int, queued: float, prefill: float, now: float) -> None:
         aborted = self._aborted.pop(seq_id, None)
         if aborted is not None:
             at, abort_s = aborted
-            self.migrations.append(MigrationRecord(seq_id, self.role, abort_s, now - at, prefill, generated))
+            self.migrations.append(MigrationRecord(seq_id, self.role, abort_s, now - at + queued, prefill, generated))
 
     def _reschedule(self, rep: SimReplica) -> None:
         t = rep.next_completion()

@@ -4,7 +4,8 @@
 static allocation on a grid (disaggregated: rollout/reward/training pools; rr_colocated:
 shared/training; shiftable: the size of the fixed training set) and keeps the fastest. The grid step
 is ``max(lcm(tp), N/8)`` devices, so every model group has the same number of candidates
-(21 disaggregated, 7 rr_colocated, 4 shiftable) whatever its size.
+(21 disaggregated, 7 rr_colocated) whatever its size; a shiftable deployment tries training sets of
+N/8, N/4, N/2, 3N/4 and N devices (the training set is fixed, the planner lends it when idle).
 
 Invariant: every candidate of a grid search runs the same workload (same seed), so they differ
 only in allocation.
@@ -17,7 +18,7 @@ from typing import Any
 
 from pivotrl.sim.config import DeploymentConfig, Scenario, SimConfig
 from pivotrl.sim.deployments import Colocated, Controller, Disaggregated, RRColocated
-from pivotrl.sim.engine import Simulator
+from pivotrl.sim.engine import SimulationStalled, Simulator
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.shiftable import Shiftable
 from pivotrl.sim.workload import Workload
@@ -56,24 +57,33 @@ def allocations(sc: Scenario, base: DeploymentConfig) -> list[DeploymentConfig]:
                 for tr in range(g, n, g) for ro in range(g, n - tr, g)]
     if base.kind == "rr_colocated":
         return [rep(base, rollout_devices=n - tr, reward_devices=0, training_devices=tr) for tr in range(g, n, g)]
-    return [rep(base, training_devices=tr) for tr in range(g, n // 2 + 1, g)]
+    return [rep(base, training_devices=k * n // 8) for k in (1, 2, 4, 6, 8)]
 
 
-def simulate_many(cfgs: list[SimConfig], workload: Workload | None = None, jobs: int = 1) -> list[SimResult]:
-    """``simulate`` each config (in ``jobs`` worker processes when > 1), results in order."""
+def simulate_many(cfgs: list[SimConfig], workload: Workload | None = None, jobs: int = 1) -> list[SimResult | None]:
+    """``simulate`` each config (in ``jobs`` worker processes when > 1), in order; None for a run
+    that stalled (``SimulationStalled``: the deployment or its strategy deadlocked)."""
     if jobs <= 1 or len(cfgs) <= 1:
-        return [simulate(c, workload=workload) for c in cfgs]
+        return [_simulate(c, workload) for c in cfgs]
     with ProcessPoolExecutor(max_workers=min(jobs, len(cfgs))) as pool:
         return list(pool.map(_simulate, cfgs, [workload] * len(cfgs)))
 
 
-def _simulate(cfg: SimConfig, workload: Workload | None) -> SimResult:
-    return simulate(cfg, workload=workload)
+def _simulate(cfg: SimConfig, workload: Workload | None) -> SimResult | None:
+    try:
+        return simulate(cfg, workload=workload)
+    except SimulationStalled:
+        return None
 
 
-def grid_search(cfg: SimConfig, workload: Workload | None = None, jobs: int = 1) -> tuple[SimResult, list[SimResult]]:
-    """Simulate every allocation of ``cfg.deployment.kind``; return the best and all results."""
+def grid_search(cfg: SimConfig, workload: Workload | None = None,
+                jobs: int = 1) -> tuple[SimResult, list[tuple[DeploymentConfig, SimResult | None]]]:
+    """Simulate every allocation of ``cfg.deployment.kind``; return the best and every (allocation,
+    result) pair (None: that allocation stalled). Raises SimulationStalled if every one stalls."""
     wl = workload if workload is not None else Workload.sample(cfg.scenario.workload, cfg.seed)
-    cfgs = [dataclasses.replace(cfg, deployment=dep) for dep in allocations(cfg.scenario, cfg.deployment)]
-    results = simulate_many(cfgs, wl, jobs)
-    return max(results, key=lambda r: r.tps), results
+    deps = allocations(cfg.scenario, cfg.deployment)
+    results = simulate_many([dataclasses.replace(cfg, deployment=d) for d in deps], wl, jobs)
+    done = [r for r in results if r is not None]
+    if not done:
+        raise SimulationStalled(f"every {cfg.deployment.kind} allocation stalled")
+    return max(done, key=lambda r: r.tps), list(zip(deps, results))

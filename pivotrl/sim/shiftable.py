@@ -70,6 +70,9 @@ class Shiftable(Controller):
     def training_devices_in_use(self, sim: Simulator) -> int:
         return len(self.training) if self.training_active else 0
 
+    def busy(self, sim: Simulator) -> bool:
+        return sim.now < self.busy_until
+
     def describe(self) -> dict[str, Any]:
         return {"training": len(self.training), "strategy": self.dep.strategy}
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pivotrl.planner import STRATEGIES, Decision, Strategy, WorkloadState, validate_plan
-from pivotrl.sim import DeploymentConfig, HardwareConfig, Scenario, SimConfig, Simulator, TrueLatency
+from pivotrl.sim import (DeploymentConfig, HardwareConfig, Scenario, SimConfig, SimulationStalled, Simulator,
+                         TrueLatency)
 from pivotrl.sim.catalog import DEVICES, MODELS
 from pivotrl.sim.runner import make_controller
 from pivotrl.sim.truth import fit_belief
@@ -77,3 +78,17 @@ def test_configs_name_the_bad_field() -> None:
         TrueLatency.build(MODELS["Qwen2.5-72B"], DEVICES["H20"], 1, HardwareConfig())
     with pytest.raises(ValueError, match="group_share"):
         dataclasses.replace(tiny_scenario().workload.response, group_share=2.0)
+
+
+class _Never(Strategy):
+    name = "never"
+
+    def plan(self, state: WorkloadState) -> Decision:
+        return Decision(plan=None, up_role=None, candidates=(), current_throughput=0.0)
+
+
+def test_a_strategy_that_starves_a_role_is_reported_as_stalled() -> None:
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=DeploymentConfig(kind="shiftable", training_devices=2),
+                    idle_stall_s=120.0)  # every device starts on rollout; reward never gets one
+    with pytest.raises(SimulationStalled, match="idle for"):
+        Simulator(cfg, make_controller(cfg, _Never())).run()
