@@ -33,8 +33,11 @@ class ProfileConfig:
     warmup_steps: int = 2  # decode iterations discarded per grid point (kernel selection, caches)
     temperature: float = 1.0  # sampling as in rollout (the Gumbel processor is part of the cost)
     seed: int = 0  # seed of the random prompt ids
+    interference_factor: float = 1.5  # drop iterations slower than this × the fastest at their grid point
 
     def __post_init__(self) -> None:
+        if not self.interference_factor >= 1.0:
+            raise ValueError(f"interference_factor must be >= 1, got {self.interference_factor}")
         for name in ("batch_sizes", "context_tokens"):
             values = getattr(self, name)
             if not values or min(values) < 1:
@@ -55,28 +58,46 @@ class ProfileSample:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ThroughputProfile:
     model: ThroughputModel
-    samples: tuple[ProfileSample, ...]
+    samples: tuple[ProfileSample, ...]  # the iterations the fit used
     model_path: str
+    dropped: tuple[ProfileSample, ...] = ()  # iterations slowed by interference (see ``split_interference``)
 
     def save(self, path: Path | str) -> None:
         """Write the fit, its samples and the checkpoint it belongs to as one JSON object."""
         blob = {"model_path": self.model_path, "fit": self.model.as_dict(),
-                "samples": [asdict(s) for s in self.samples]}
+                "samples": [asdict(s) for s in self.samples], "dropped": [asdict(s) for s in self.dropped]}
         Path(path).write_text(json.dumps(blob, indent=1))
 
     @classmethod
     def load(cls, path: Path | str) -> ThroughputProfile:
         blob = json.loads(Path(path).read_text())
         return cls(model=ThroughputModel(**blob["fit"]), model_path=blob["model_path"],
-                   samples=tuple(ProfileSample(**s) for s in blob["samples"]))
+                   samples=tuple(ProfileSample(**s) for s in blob["samples"]),
+                   dropped=tuple(ProfileSample(**s) for s in blob.get("dropped", ())))
 
 
 def profile_replica(replica: EngineReplica, config: ProfileConfig | None = None) -> ThroughputProfile:
     """Measure ``replica`` over the grid and fit the throughput model (the replica must be empty)."""
     config = config or ProfileConfig()
-    samples = measure(replica, config)
+    samples, dropped = split_interference(measure(replica, config), config.interference_factor)
     model = ThroughputModel.fit([(s.num_tokens, s.num_seqs, s.latency_s) for s in samples])
-    return ThroughputProfile(model=model, samples=tuple(samples), model_path=replica.config.model_path)
+    return ThroughputProfile(model=model, samples=tuple(samples), model_path=replica.config.model_path,
+                             dropped=tuple(dropped))
+
+
+def split_interference(samples: list[ProfileSample], factor: float) -> tuple[list[ProfileSample], list[ProfileSample]]:
+    """Separate iterations slowed by other work on the host from the engine's own cost.
+
+    Another process preempting the engine's (OpenMP) threads only ever adds latency, and on a shared
+    CPU it does so in bursts (iterations of ~10 ms turning into ~100 ms), so within one grid point
+    the fastest iterations are the engine's cost. Keep those within ``factor`` of the fastest.
+    """
+    fastest: dict[tuple[int, int], float] = {}
+    for s in samples:
+        key = (s.num_seqs, s.context_tokens)
+        fastest[key] = min(fastest.get(key, s.latency_s), s.latency_s)
+    kept = [s for s in samples if s.latency_s <= factor * fastest[(s.num_seqs, s.context_tokens)]]
+    return kept, [s for s in samples if s.latency_s > factor * fastest[(s.num_seqs, s.context_tokens)]]
 
 
 def measure(replica: EngineReplica, config: ProfileConfig) -> list[ProfileSample]:

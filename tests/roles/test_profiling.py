@@ -24,7 +24,19 @@ def test_samples_cover_the_grid_and_leave_the_replica_empty(profile) -> None:
     for s in result.samples:  # KV tokens: prompt + tokens generated so far, for each sequence
         assert s.num_seqs * s.context_tokens < s.num_tokens <= s.num_seqs * (s.context_tokens + 8)
         assert s.latency_s > 0
-    assert len(result.samples) >= 0.75 * len(points) * CONFIG.decode_steps
+    assert len(result.samples) + len(result.dropped) >= 0.75 * len(points) * CONFIG.decode_steps
+    assert {(s.num_seqs, s.context_tokens) for s in result.samples} == points  # every point keeps its fastest
+
+
+def test_interference_split_keeps_the_fastest_iterations_per_point() -> None:
+    from pivotrl.roles.profiling import ProfileSample, split_interference
+
+    def sample(n: int, ctx: int, lat: float) -> ProfileSample:
+        return ProfileSample(num_tokens=n * ctx, num_seqs=n, latency_s=lat, context_tokens=ctx)
+
+    runs = [sample(1, 16, 0.010), sample(1, 16, 0.011), sample(1, 16, 0.100), sample(4, 16, 0.150), sample(4, 16, 0.140)]
+    kept, dropped = split_interference(runs, 1.5)
+    assert kept == [runs[0], runs[1], runs[3], runs[4]] and dropped == [runs[2]]
 
 
 def test_fit_is_finite_and_tracks_measurements(profile) -> None:
