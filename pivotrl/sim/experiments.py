@@ -121,41 +121,44 @@ def fig10(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fig11(args: argparse.Namespace) -> dict[str, Any]:
+    """Strategies (static and rule start from the best disaggregated split and lend its training set)
+    and components (vanilla, model, pivotrl: each with its own best training set) vs disaggregated."""
     out: dict[str, Any] = {}
     rows = []
+    names = ["static", "rule", "vanilla", "model", "pivotrl"]
     for key in ("7B+30B", "1.5B+9B"):
-        sc, wl, disagg, piv = _pivotrl_and_disagg(key, args)
+        sc = _scenario(key, args)
+        wl = Workload.sample(sc.workload, args.seed)
+        disagg = _best(sc, _base("disaggregated"), args, wl)
         split = dict(initial="split", rollout_devices=disagg.extra["rollout"], reward_devices=disagg.extra["reward"],
                      training_devices=disagg.extra["training"])
         deps = [DeploymentConfig(kind="shiftable", strategy=s, **split) for s in ("static", "rule")]
-        deps += [DeploymentConfig(kind="shiftable", strategy=s, training_devices=piv.extra["training"])
-                 for s in ("vanilla", "model")]
         res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
-        ratio = {d.name: (r.tps / disagg.tps if r else 0.0) for d, r in zip(deps, res)}
-        ratio["pivotrl"] = piv.tps / disagg.tps
-        out[key] = ratio
-        ref = paper.FIG11_RATIO[key]
-        rows += [[key, name, ratio[name], ref[name]] for name in ("static", "rule", "vanilla", "model", "pivotrl")]
-    _table(["group", "strategy", "x disaggregated", "paper"], rows)
-    names = ["static", "rule", "vanilla", "model", "pivotrl"]
+        res += [_best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in names[2:]]
+        out[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(names, res)}
+        rows += [[key, n, out[key][n], paper.FIG11_RATIO[key][n], "-" if r is None else _alloc(r)]
+                 for n, r in zip(names, res)]
+    _table(["group", "strategy", "x disaggregated", "paper", "allocation"], rows)
     plots.bars(names, {k: [out[k][n] for n in names] for k in out}, args.out / "fig11.png",
                "throughput / disaggregated", "Fig. 11 (simulated)")
     return {"ratio_vs_disaggregated": out}
 
 
 def fig14(args: argparse.Namespace) -> dict[str, Any]:
+    """H sweep of PivotRL on the 7B group, on the training set that is best at the default H = 60 s."""
     sc = _scenario("7B+30B", args)
     wl = Workload.sample(sc.workload, args.seed)
+    tr = _best(sc, _base("pivotrl"), args, wl).extra["training"]
     hs = [0.01, 5, 30, 60, 90, 120, 600]
-    deps = [DeploymentConfig(kind="shiftable", strategy="pivotrl", training_devices=sc.num_devices // 4,
-                             strategy_cfg={"horizon_s": float(h)}) for h in hs]
+    deps = [_base("pivotrl", training_devices=tr, strategy_cfg={"horizon_s": float(h)}) for h in hs]
     res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
     tps = [r.tps if r else 0.0 for r in res]
     shifts = [r.shifts_per_step if r else 0.0 for r in res]
     _table(["H (s)", "tok/s", "shifts/step"], [[h, round(t), s] for h, t, s in zip(hs, tps, shifts)])
+    print(f"training set: {tr} devices")
     plots.sweep(hs, tps, shifts, args.out / "fig14.png", "H (s)", "tokens/s", "shifts per step",
                 f"Fig. 14 (simulated): {sc.name}")
-    return {"H": hs, "tps": tps, "shifts_per_step": shifts}
+    return {"H": hs, "tps": tps, "shifts_per_step": shifts, "training_devices": tr}
 
 
 def _scaling_runs(args: argparse.Namespace) -> dict[str, dict[int, SimResult]]:
