@@ -7,7 +7,7 @@ import pytest
 from pivotrl.roles.profiling import ProfileConfig, ThroughputProfile, grid, profile_replica
 
 pytestmark = pytest.mark.engine
-CONFIG = ProfileConfig(batch_sizes=(1, 4, 16), context_tokens=(16, 160), decode_steps=4, warmup_steps=2)
+CONFIG = ProfileConfig(batch_sizes=(1, 4, 16), context_tokens=(16, 160), decode_steps=6, warmup_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,8 @@ def test_fit_is_finite_and_tracks_measurements(profile) -> None:
     assert all(0 <= v < 1 for v in fit.as_dict().values())  # finite, non-negative, seconds-sized
     ratios = [fit.latency(s.num_tokens, s.num_seqs) / s.latency_s for s in result.samples]
     assert all(r > 0 for r in ratios)
-    assert 1 / 3 < statistics.median(ratios) < 3  # loose: a shared CPU; no timing claims
+    detail = f"fit {fit}; kept {[(s.num_tokens, s.num_seqs, round(s.latency_s, 4)) for s in result.samples]}"
+    assert 1 / 3 < statistics.median(ratios) < 3, detail  # loose: a shared CPU; no timing claims
 
 
 def test_profile_round_trips_through_json(profile, tmp_path: Path) -> None:
