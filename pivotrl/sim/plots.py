@@ -36,7 +36,7 @@ def bars(groups: Sequence[str], series: dict[str, Sequence[float]], path: Path, 
         for i, value in enumerate(markers):
             ax.hlines(value, i - 0.45, i + 0.45, colors="black", linestyles="dashed",
                       label="fluid bound" if i == 0 else None)
-    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_xticks(range(len(groups)), [g.replace(" & ", "\n& ") for g in groups], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
