@@ -1,0 +1,20 @@
+"""The experiments CLI end to end on smoke-test sizes (``--quick``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pivotrl.sim.experiments import main
+
+
+def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = main(["fig9", "--quick", "--groups", "7B+30B", "--json", "--out", str(tmp_path)])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(json.dumps(data))
+    (group,) = last["groups"]
+    assert group["name"] == "Qwen2.5-7B & Qwen3-30B-A3B" and group["devices"] == 32
+    assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl"}
+    assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
+    assert (tmp_path / "fig9.png").stat().st_size > 0
