@@ -104,7 +104,7 @@ class SimReplica:
         if to_completion:
             m = r
         else:
-            m = min(r, iterations_to_reach(self.truth.A, self.K, self.tokens, n, now - self.clock, self.factor))
+            m = min(r, iterations_to_reach(self.truth.A, self.K, self.tokens, n, now - self.clock - EPS_S, self.factor))
         if m == 0:
             return 0, []
         self.clock += series_time(self.truth.A, self.K, self.tokens, n, m, self.factor)
