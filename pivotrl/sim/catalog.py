@@ -44,6 +44,7 @@ class ModelSpec:
     total_params: float  # every parameter (MoE: every expert)
     active_params: float  # parameters used per token
     num_layers: int  # transformer blocks
+    hidden_size: int
     num_heads: int  # query heads
     num_kv_heads: int
     head_dim: int
@@ -53,8 +54,8 @@ class ModelSpec:
     linear_state_bytes_per_seq: float = 0.0  # recurrent state of linear-attention layers, bf16
 
     def __post_init__(self) -> None:
-        for name in ("total_params", "active_params", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "num_kv_layers"):
+        for name in ("total_params", "active_params", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                     "head_dim", "num_kv_layers"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelSpec({self.name}).{name} must be > 0")
         if self.active_params > self.total_params:
@@ -94,27 +95,29 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 
-def _dense(name: str, params: float, layers: int, heads: int, kv_heads: int) -> ModelSpec:
-    return ModelSpec(name=name, total_params=params, active_params=params, num_layers=layers, num_heads=heads,
-                     num_kv_heads=kv_heads, head_dim=128, num_kv_layers=layers)
+def _dense(name: str, params: float, layers: int, hidden: int, heads: int, kv_heads: int) -> ModelSpec:
+    return ModelSpec(name=name, total_params=params, active_params=params, num_layers=layers, hidden_size=hidden,
+                     num_heads=heads, num_kv_heads=kv_heads, head_dim=128, num_kv_layers=layers)
 
 
 # Parameter counts are computed from each config's shapes (embeddings, biases and norms included).
 MODELS: dict[str, ModelSpec] = {
-    "Qwen2.5-1.5B": _dense("Qwen2.5-1.5B", 1_543_714_304, 28, 12, 2),
-    "Qwen2.5-7B": _dense("Qwen2.5-7B", 7_615_616_512, 28, 28, 4),
-    "Qwen2.5-32B": _dense("Qwen2.5-32B", 32_763_876_352, 64, 40, 8),
-    "Qwen2.5-72B": _dense("Qwen2.5-72B", 72_706_203_648, 80, 64, 8),
+    "Qwen2.5-1.5B": _dense("Qwen2.5-1.5B", 1_543_714_304, 28, 1536, 12, 2),
+    "Qwen2.5-7B": _dense("Qwen2.5-7B", 7_615_616_512, 28, 3584, 28, 4),
+    "Qwen2.5-32B": _dense("Qwen2.5-32B", 32_763_876_352, 64, 5120, 40, 8),
+    "Qwen2.5-72B": _dense("Qwen2.5-72B", 72_706_203_648, 80, 8192, 64, 8),
     # GLM-4-9B-0414 shapes (same family as GLM-Z1-9B-0414): 40 layers, 32 q / 2 kv heads, head_dim 128.
-    "GLM-Z1-9B": _dense("GLM-Z1-9B", 9_400_279_040, 40, 32, 2),
+    "GLM-Z1-9B": _dense("GLM-Z1-9B", 9_400_279_040, 40, 4096, 32, 2),
     # 48 MoE layers, 128 experts, top-8, no shared expert.
     "Qwen3-30B-A3B": ModelSpec(name="Qwen3-30B-A3B", total_params=30_532_122_624, active_params=3_353_032_704,
-                               num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, num_kv_layers=48,
+                               num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4, head_dim=128,
+                               num_kv_layers=48,
                                num_experts=128, experts_per_token=8),
     # 48 layers: 12 gated full-attention (2 KV heads, head_dim 256) + 36 Gated DeltaNet layers, each
     # with a recurrent state of 64 value heads x 128 x 128 per sequence; 256 experts, top-8 (+1 shared).
     "Qwen3.5-122B-A10B": ModelSpec(name="Qwen3.5-122B-A10B", total_params=122_111_526_912,
-                                   active_params=9_771_288_576, num_layers=48, num_heads=32, num_kv_heads=2,
+                                   active_params=9_771_288_576, num_layers=48, hidden_size=3072, num_heads=32,
+                                   num_kv_heads=2,
                                    head_dim=256, num_kv_layers=12, num_experts=256, experts_per_token=8,
                                    linear_state_bytes_per_seq=36 * 64 * 128 * 128 * 2.0),
 }
