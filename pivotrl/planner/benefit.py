@@ -10,6 +10,12 @@ the mean; a role with sequences and no throughput makes T = 0; with no sequences
 A candidate raising T from T_current to T_candidate over the horizon H is worth
 B = H·(T_candidate − T_current) − φ tokens.
 
+A role that has sequences but no throughput both now and after a candidate (no replica, e.g. while
+training holds the whole cluster) would pin T to 0 on both sides, so every benefit would be −φ and
+the planner could never feed the *other* starving role: such a role is left out of Eq. 1 on both
+sides of that candidate's comparison (``shift_benefit``). A role the candidate starts serving keeps
+T_current = 0 and so gains; a role the candidate leaves without replicas makes T_candidate = 0.
+
 Every candidate is evaluated on per-role simulators built once from the snapshot: the up role's
 throughput after the shift depends only on how many replicas come up (the paper's first pruning
 intuition), so it is simulated once per count, and the donor role's once per distinct shift-down
@@ -27,7 +33,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
 
-__all__ = ["RoleModel", "overall_throughput", "CandidateBenefits", "select_best"]
+__all__ = ["RoleModel", "overall_throughput", "shift_benefit", "CandidateBenefits", "select_best"]
 
 
 class RoleModel(Protocol):
@@ -56,6 +62,16 @@ def overall_throughput(num_seqs: Mapping[InferenceRole, int], throughput: Mappin
     return total / denom if total else 0.0
 
 
+def shift_benefit(num_seqs: Mapping[InferenceRole, int], now: Mapping[InferenceRole, float],
+                  after: Mapping[InferenceRole, float], horizon_s: float, penalty: float) -> tuple[float, float]:
+    """(T_candidate, B) by Eq. 1, leaving out roles starved (work, no throughput) before and after."""
+    stuck = [r for r in INFERENCE_ROLES if num_seqs[r] > 0 and now[r] <= 0 and after[r] <= 0]
+    counted = {r: 0 if r in stuck else num_seqs[r] for r in INFERENCE_ROLES}
+    t_current = overall_throughput(counted, now)
+    t_candidate = overall_throughput(counted, after)
+    return t_candidate, horizon_s * (t_candidate - t_current) - penalty
+
+
 class CandidateBenefits:
     """Eq. 1 throughput and benefit of shifts, with per-count and per-down-set caches."""
 
@@ -63,7 +79,8 @@ class CandidateBenefits:
         self.roles = roles
         self.horizon_s = horizon_s
         self.num_seqs = {r: roles[r].num_seqs for r in INFERENCE_ROLES}
-        self.current = overall_throughput(self.num_seqs, {r: roles[r].throughput for r in INFERENCE_ROLES})
+        self.now = {r: roles[r].throughput for r in INFERENCE_ROLES}
+        self.current = overall_throughput(self.num_seqs, self.now)
         self._up: dict[tuple[InferenceRole, int], float] = {}
         self._down: dict[tuple[InferenceRole, frozenset[int]], float] = {}
 
@@ -92,8 +109,7 @@ class CandidateBenefits:
                  penalty: float) -> tuple[float, float]:
         """(T_candidate, B) of a shift that starts ``up[role]`` and stops ``down[role]`` replicas."""
         after = {r: self.role_after(r, up.get(r, 0), down.get(r, ())) for r in INFERENCE_ROLES}
-        t_candidate = overall_throughput(self.num_seqs, after)
-        return t_candidate, self.horizon_s * (t_candidate - self.current) - penalty
+        return shift_benefit(self.num_seqs, self.now, after, self.horizon_s, penalty)
 
 
 def select_best(benefits: Sequence[float], rtol: float = 1e-9) -> int | None:

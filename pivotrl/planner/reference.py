@@ -13,7 +13,7 @@ import math
 import time
 from typing import Sequence
 
-from pivotrl.planner.benefit import overall_throughput, select_best
+from pivotrl.planner.benefit import overall_throughput, select_best, shift_benefit
 from pivotrl.planner.candidates import Candidate
 from pivotrl.planner.decision import CandidateEval, Decision, NewReplica, ShiftPlan, Strategy
 from pivotrl.planner.pairs import ShiftPair, build_pairs
@@ -79,14 +79,14 @@ class ReferencePlanner(Strategy):
         up_role = choose_up_role(state)
         base = {r: scheduler_from_state(state, r) for r in INFERENCE_ROLES}
         nseq = {r: state.num_seqs(r) for r in INFERENCE_ROLES}
-        current = overall_throughput(nseq, {r: base[r].aggregate_throughput() for r in INFERENCE_ROLES})
+        now = {r: base[r].aggregate_throughput() for r in INFERENCE_ROLES}
+        current = overall_throughput(nseq, now)
         if up_role == "training":
             plan = training_plan(state, tau, lambda r: r.throughput)
             thr = {r: self._after(base[r], (), [d for d in plan.down_replica_ids if d in base[r].replica_ids])
                    for r in INFERENCE_ROLES}
-            t_cand = overall_throughput(nseq, thr)
-            cand = CandidateEval(num_up=1, plan=plan, throughput=t_cand,
-                                 benefit=self.config.horizon_s * (t_cand - current) - plan.penalty)
+            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, plan.penalty)
+            cand = CandidateEval(num_up=1, plan=plan, throughput=t_cand, benefit=benefit)
             return Decision(plan=plan, up_role=up_role, candidates=(cand,), current_throughput=current,
                             simulate_s=time.perf_counter() - t0)
         if up_role is None:
@@ -101,12 +101,11 @@ class ReferencePlanner(Strategy):
             new = [ReplicaSpec(replica_id=("new", i), model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens)
                    for i in range(k)]
             thr = {up_role: self._after(base[up_role], new, ()), donor: self._after(base[donor], (), c.down_replicas)}
-            t_cand = overall_throughput(nseq, thr)
+            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, c.penalty)
             plan = ShiftPlan(up_role=up_role, down_replica_ids=c.down_replicas, training_up=False, penalty=c.penalty,
                              up_replicas=tuple(NewReplica(role=up_role, device_ids=pairs.blocks[s])
                                                for s in c.up_replicas))
-            evals.append(CandidateEval(num_up=k, plan=plan, throughput=t_cand,
-                                       benefit=self.config.horizon_s * (t_cand - current) - c.penalty))
+            evals.append(CandidateEval(num_up=k, plan=plan, throughput=t_cand, benefit=benefit))
         best = select_best([e.benefit for e in evals], self.config.tie_rtol)
         return Decision(plan=None if best is None else evals[best].plan, up_role=up_role, candidates=tuple(evals),
                         current_throughput=current, simulate_s=time.perf_counter() - t0)

@@ -82,3 +82,23 @@ def test_bad_config_and_state():
     with pytest.raises(ValueError, match="seq_id"):
         Planner().plan(bad)
     assert set(INFERENCE_ROLES) == set(state.roles)
+
+
+def test_no_deadlock_when_both_roles_starve_on_a_cluster_held_by_training() -> None:
+    """Training's set is the whole cluster and just finished: both roles have work and no replica.
+    Eq. 1 is 0 before and after feeding only one role, which used to make every benefit −φ."""
+    from pivotrl.planner import make_strategy
+    from pivotrl.planner.state import DeviceInfo, RoleState, SequenceInfo, WorkloadState
+    from pivotrl.scheduler import ThroughputModel
+
+    model = ThroughputModel(A=2e-8, B=0.01, C=4e-4, D=0.002)
+    devices = tuple(DeviceInfo(device_id=d, node_id=d // 4) for d in range(8))
+    waiting = tuple(SequenceInfo(seq_id=i, prompt_tokens=200) for i in range(40))
+    roles = {"rollout": RoleState(role="rollout", tp=1, model=model, kv_capacity_tokens=100_000, waiting=waiting),
+             "reward": RoleState(role="reward", tp=2, model=model, kv_capacity_tokens=100_000,
+                                 waiting=tuple(SequenceInfo(seq_id=100 + i, prompt_tokens=900) for i in range(10)))}
+    state = WorkloadState(devices=devices, training_device_ids=tuple(range(8)), training_active=False,
+                          next_batch_ready=False, replicas=(), roles=roles)
+    decision = make_strategy("pivotrl").plan(state)
+    assert decision.plan is not None and decision.plan.up_replicas
+    assert all(c.benefit > 0 for c in decision.candidates)
