@@ -354,10 +354,13 @@ class GRPOTrainer:
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    mean = sum(values) / len(values)
+    """Group mean and (Bessel) std; identical rewards give std exactly 0 (no rounding noise to amplify)."""
     if len(values) < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        return values[0], None
+    if max(values) == min(values):
+        return values[0], 0.0
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _num_tokens(batch: GRPOBatch, advantages: Sequence[float | None]) -> int:
