@@ -125,35 +125,37 @@ class ReplicaTable:
     def change(self, slot: int, delta_seqs: int, delta_tokens: int) -> None:
         """Apply a change of the slot's sequences/tokens and refresh its vector terms."""
         n = self.n[slot] = self.n[slot] + delta_seqs
-        t = self.t[slot] = self.t[slot] + delta_tokens if n else 0
-        self.refresh(slot, n, t)
+        self.t[slot] = self.t[slot] + delta_tokens if n else 0
+        self.refresh(slot)
 
-    def refresh(self, slot: int, n: int | None = None, t: int | None = None) -> None:
+    def refresh(self, slot: int) -> None:
+        """Recompute the slot's vector terms from its (num_seqs, num_tokens)."""
         model = self.models[slot]
         assert model is not None
-        if n is None or t is None:
-            n, t = self.n[slot], self.t[slot]
+        n, t = self.n[slot], self.t[slot]
         n1 = n + 1
         self.n1[slot] = n1
         self.base[slot] = model.A * t + max(model.B, model.C * n1) + model.D
         self.T[slot] = n / (model.A * t + max(model.B, model.C * n) + model.D) if n else 0.0
         self.free[slot] = self.cap[slot] - t - self.headroom * n1
 
-    def gains(self, seq_tokens: float) -> np.ndarray:
-        """ΔT of adding a ``seq_tokens`` sequence to every slot; -inf where it does not fit."""
+    def _raw_gains(self, seq_tokens: float) -> np.ndarray:
+        """ΔT of adding a ``seq_tokens`` sequence to every slot, room not checked."""
         gain = self.A * seq_tokens
         gain += self.base
         np.divide(self.n1, gain, out=gain)
         gain -= self.T
+        return gain
+
+    def gains(self, seq_tokens: float) -> np.ndarray:
+        """ΔT of adding a ``seq_tokens`` sequence to every slot; -inf where it does not fit."""
+        gain = self._raw_gains(seq_tokens)
         gain[self.free < seq_tokens] = -np.inf
         return gain
 
     def best_slot(self, seq_tokens: float, mask: np.ndarray | None = None) -> int | None:
         """Arg-max ΔT among slots with room (and in ``mask``); None if the sequence fits nowhere."""
-        gain = self.A * seq_tokens
-        gain += self.base
-        np.divide(self.n1, gain, out=gain)
-        gain -= self.T
+        gain = self._raw_gains(seq_tokens)
         if mask is not None:
             gain[~mask[: len(gain)]] = -np.inf
         slot = int(gain.argmax())

@@ -117,11 +117,7 @@ class ShiftAwareScheduler:
     # ------------------------------------------------------------------ sequences
     def submit(self, seq_id: int, prompt_tokens: int, generated_tokens: int = 0) -> None:
         """Put a new sequence in the waiting queue."""
-        if seq_id in self._running or seq_id in self.queue:
-            raise ValueError(f"seq_id {seq_id} is already live")
-        if prompt_tokens <= 0 or generated_tokens < 0:
-            raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
-        self.queue.push(WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens))
+        self.queue.push(self._new_sequence(seq_id, prompt_tokens, generated_tokens))
 
     def place(self, seq_id: int, prompt_tokens: int, generated_tokens: int, replica_id: ReplicaId) -> None:
         """Record a sequence that already runs on ``replica_id`` (importing a live engine's state).
@@ -130,11 +126,7 @@ class ShiftAwareScheduler:
         after generation outgrew it (its engine preempts), and a snapshot must say so faithfully.
         """
         self._known(replica_id)
-        if seq_id in self._running or seq_id in self.queue:
-            raise ValueError(f"seq_id {seq_id} is already live")
-        if prompt_tokens <= 0 or generated_tokens < 0:
-            raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
-        seq = WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens)
+        seq = self._new_sequence(seq_id, prompt_tokens, generated_tokens)
         self._attach(seq, self._table.slot_of[replica_id], check_capacity=False)
 
     def advance(self, replica_id: ReplicaId, num_iterations: int = 1) -> None:
@@ -265,6 +257,14 @@ class ShiftAwareScheduler:
                 Dispatch(seq_id, table.ids[dst], snap.generated_tokens)]
 
     # ------------------------------------------------------------------ helpers
+    def _new_sequence(self, seq_id: int, prompt_tokens: int, generated_tokens: int) -> WaitingSequence:
+        """A validated sequence that is not live yet."""
+        if seq_id in self._running or seq_id in self.queue:
+            raise ValueError(f"seq_id {seq_id} is already live")
+        if prompt_tokens <= 0 or generated_tokens < 0:
+            raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
+        return WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens)
+
     def _known(self, replica_id: ReplicaId) -> bool:
         if replica_id not in self._table.slot_of:
             raise KeyError(f"unknown replica {replica_id!r}; known: {sorted(map(str, self._table.slot_of))}")
