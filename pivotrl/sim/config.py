@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pivotrl.control.config import STRATEGIES, DeploymentConfig, DeploymentKind
 from pivotrl.sim.catalog import DEVICES, MODELS
 from pivotrl.sim.costs import CostConfig
 from pivotrl.sim.truth import HardwareConfig
@@ -22,9 +23,6 @@ from pivotrl.sim.workload import WorkloadConfig
 __all__ = ["Scenario", "DeploymentConfig", "SimConfig", "SCENARIOS", "scenario", "DeploymentKind",
            "STRATEGIES"]
 
-DeploymentKind = Literal["colocated", "disaggregated", "rr_colocated", "shiftable"]
-_KINDS = ("colocated", "disaggregated", "rr_colocated", "shiftable")
-STRATEGIES = ("pivotrl", "static", "rule", "vanilla", "model")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -59,63 +57,6 @@ class Scenario:
 
 
 @dataclass(kw_only=True, slots=True)
-class DeploymentConfig:
-    """How the scenario's devices are used."""
-
-    kind: DeploymentKind
-    rollout_devices: int = 0  # disaggregated: rollout pool; rr_colocated: the shared pool
-    reward_devices: int = 0  # disaggregated: reward pool; shiftable with initial="split": reward start
-    training_devices: int = 0  # disaggregated / rr_colocated / shiftable: the (fixed) training set
-    strategy: str = "pivotrl"  # shiftable: a planner strategy name
-    strategy_cfg: dict[str, Any] = field(default_factory=dict)  # keyword arguments of make_strategy
-    initial: Literal["rollout", "split"] = "rollout"  # shiftable: every device on rollout, or the split
-    staleness: int = 2  # max policy-version lag of a rollout behind training (colocated runs at 0)
-    tick_s: float = 2.0  # shiftable: seconds between planner decisions (right after a shift or event)
-    max_tick_s: float = 16.0  # shiftable: the interval doubles after each no-shift decision, up to this
-    label: str = ""  # a display name (default: kind or strategy)
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ValueError(f"DeploymentConfig.kind must be one of {_KINDS}, got {self.kind!r}")
-        if self.initial not in ("rollout", "split"):
-            raise ValueError(f"DeploymentConfig.initial must be 'rollout' or 'split', got {self.initial!r}")
-        if self.kind == "shiftable" and self.strategy not in STRATEGIES:
-            raise ValueError(f"DeploymentConfig.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        for name in ("rollout_devices", "reward_devices", "training_devices", "staleness"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"DeploymentConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.tick_s <= self.max_tick_s:
-            raise ValueError(f"DeploymentConfig: need 0 < tick_s <= max_tick_s, got {self.tick_s}, {self.max_tick_s}")
-
-    @property
-    def name(self) -> str:
-        if self.label:
-            return self.label
-        return self.strategy if self.kind == "shiftable" else self.kind
-
-    def check(self, sc: Scenario) -> None:
-        """Validate the device split against a scenario."""
-        n, k = sc.num_devices, self.kind
-        ro, rm, tr = self.rollout_devices, self.reward_devices, self.training_devices
-        if k == "disaggregated":
-            _need(ro + rm + tr == n and min(ro, rm, tr) > 0, f"disaggregated needs rollout+reward+training = {n}, each > 0")
-            _need(ro % sc.policy_tp == 0 and rm % sc.reward_tp == 0, "pools must be multiples of each role's tp")
-        elif k == "rr_colocated":
-            _need(ro + tr == n and ro > 0 and tr > 0, f"rr_colocated needs shared (rollout_devices) + training = {n}")
-            _need(ro % sc.unit == 0, f"the shared pool must be a multiple of {sc.unit} devices")
-        elif k == "shiftable":
-            _need(0 < tr <= n, f"shiftable needs 0 < training_devices <= {n}")
-            if self.initial == "split":
-                _need(ro + rm == n - tr and ro % sc.policy_tp == 0 and rm % sc.reward_tp == 0,
-                      "initial='split' needs rollout+reward = the non-training devices, aligned to tp")
-
-
-def _need(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(f"DeploymentConfig: {message}")
-
-
-@dataclass(kw_only=True, slots=True)
 class SimConfig:
     """One simulation run."""
 
@@ -130,7 +71,8 @@ class SimConfig:
     idle_stall_s: float = 600.0  # raise if nothing ran for this long while work waited (a deadlock)
 
     def __post_init__(self) -> None:
-        self.deployment.check(self.scenario)
+        sc = self.scenario
+        self.deployment.check(sc.num_devices, sc.policy_tp, sc.reward_tp)
         for name in ("sample_s", "max_time_s", "idle_stall_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SimConfig.{name} must be > 0, got {getattr(self, name)!r}")
