@@ -13,9 +13,10 @@ Every strategy returns a ``Decision``; an executor (the runtime, or the simulato
 
 Each ``NewReplica`` names its own role. Plans of the five-step planner only create replicas of
 ``up_role``; the ``static`` strategy lends the idle training devices to both inference roles at
-once (its ``up_role`` is then the role of its first new replica). ``Strategy.migration`` and
-``Strategy.restart_aborted`` tell an executor how the strategy assumed shifts are carried out
-(the ablations of Fig. 11 run without migration: aborted sequences restart from their prompts).
+once (its ``up_role`` is then the role of its first new replica). ``Decision.migration`` and
+``Decision.restart_aborted`` (set from the strategy's class attributes) tell an executor how the
+strategy assumed shifts are carried out (the ablations of Fig. 11 run without migration: aborted
+sequences restart from their prompts).
 
 Invariant (``ShiftPlan.__post_init__`` checks what it can without the state; ``validate_plan``
 checks the rest): a plan never gives a device two roles: the new replicas' device sets are pairwise
@@ -97,6 +98,8 @@ class Decision:
     preprocess_s: float = 0.0  # steps 1-2: up role and shift pairs
     construct_s: float = 0.0  # step 3: candidate construction (Alg. 1)
     simulate_s: float = 0.0  # steps 4-5: simulated migration and benefit
+    migration: bool = True  # the executor migrates sequences on this shift (Alg. 3/4)
+    restart_aborted: bool = False  # aborted sequences restart from their prompts (the Fig. 11 ablations)
 
     @property
     def total_s(self) -> float:

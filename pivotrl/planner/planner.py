@@ -116,7 +116,7 @@ class FiveStepPlanner(Strategy):
         t3 = self.clock()
         return Decision(plan=None if best is None else evals[best].plan, up_role=up_role, candidates=tuple(evals),
                         current_throughput=benefits.current, preprocess_s=t1 - t0, construct_s=t2 - t1,
-                        simulate_s=t3 - t2)
+                        simulate_s=t3 - t2, migration=self.migration, restart_aborted=self.restart_aborted)
 
     # ------------------------------------------------------------------ helpers
     def _plan_training(self, state: WorkloadState, tau: Mapping[InferenceRole, float], t0: float) -> Decision:
@@ -129,7 +129,8 @@ class FiveStepPlanner(Strategy):
         t_cand, b = benefits.evaluate({}, down, penalty)
         t2 = self.clock()
         return Decision(plan=plan, up_role="training", candidates=(CandidateEval(num_up=1, plan=plan, throughput=t_cand,
-                        benefit=b),), current_throughput=benefits.current, preprocess_s=t1 - t0, simulate_s=t2 - t1)
+                        benefit=b),), current_throughput=benefits.current, preprocess_s=t1 - t0, simulate_s=t2 - t1,
+                        migration=self.migration, restart_aborted=self.restart_aborted)
 
     def _no_shift(self, state: WorkloadState, up_role: InferenceRole | None, t0: float, t1: float) -> Decision:
         models = self.role_models(state, {"rollout": 0, "reward": 0})

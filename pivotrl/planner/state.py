@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from pivotrl.scheduler import ThroughputModel
+from pivotrl.scheduler.queue import WaitingSequence
 
 __all__ = ["Role", "InferenceRole", "ROLES", "INFERENCE_ROLES", "DeviceInfo", "SequenceInfo",
            "ReplicaState", "RoleState", "WorkloadState"]
@@ -29,17 +30,9 @@ class DeviceInfo:
     node_id: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SequenceInfo:
-    """One running or waiting generation; a migrated sequence keeps ``generated_tokens``."""
-
-    seq_id: int
-    prompt_tokens: int
-    generated_tokens: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_tokens + self.generated_tokens
+# One sequence type end to end: a queued or running generation is the scheduler's record
+# (``seq_id``, ``prompt_tokens``, ``generated_tokens``; a migrated sequence keeps its generated tokens).
+SequenceInfo = WaitingSequence
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

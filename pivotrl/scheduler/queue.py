@@ -55,6 +55,19 @@ class WaitingQueue:
         self._ids.discard(seq.seq_id)
         return seq
 
+    def remove(self, seq_id: int) -> WaitingSequence:
+        """Take ``seq_id`` out of the queue wherever it is (O(n)); KeyError if it does not wait."""
+        if seq_id not in self._ids:
+            raise KeyError(f"seq_id {seq_id} is not waiting")
+        index = next(i for i, item in enumerate(self._heap) if item[1] == seq_id)
+        seq = self._heap[index][2]
+        last = self._heap.pop()
+        if index < len(self._heap):
+            self._heap[index] = last
+            heapq.heapify(self._heap)
+        self._ids.discard(seq_id)
+        return seq
+
     def __len__(self) -> int:
         return len(self._heap)
 

@@ -146,6 +146,14 @@ class ShiftAwareScheduler:
         rec[3] = self._stamp
         self._table.push_shortest(slot, rec[1] + new_offset, seq_id, self._stamp)
 
+    def cancel(self, seq_id: int) -> tuple[ReplicaId | None, WaitingSequence]:
+        """Forget a live sequence wherever it is (its generation ended elsewhere); returns the replica it
+        ran on (None: it waited) and its last state."""
+        rid = self.where(seq_id)
+        if rid is None:
+            return None, self.queue.remove(seq_id)
+        return rid, self.finish(seq_id)
+
     def finish(self, seq_id: int) -> WaitingSequence:
         """A running sequence completed: free its replica share. Returns its final state."""
         snap = self._snapshot(seq_id)
@@ -191,23 +199,38 @@ class ShiftAwareScheduler:
         return actions
 
     # ------------------------------------------------------------------ Alg. 3 and Alg. 4
-    def shift_down(self, replica_ids: Sequence[ReplicaId]) -> list[Action]:
-        """ShiftDownMigration: abort everything on the leaving replicas, remove them, re-dispatch."""
+    def shift_down(self, replica_ids: Sequence[ReplicaId], *, migrate: bool = True) -> list[Action]:
+        """ShiftDownMigration: abort everything on the leaving replicas, remove them, re-dispatch.
+
+        Without ``migrate`` (the Fig. 11 ablations) an aborted sequence restarts from its prompt: it
+        re-enters the queue with no generated tokens (its Abort still reports what it had).
+        """
+        if len(set(replica_ids)) != len(replica_ids):
+            raise ValueError(f"shift_down: replica ids must be distinct, got {list(replica_ids)}")
         for rid in replica_ids:
             self._known(rid)
         actions: list[Action] = []
         for rid in replica_ids:
-            actions += self.abort(rid, "all")
+            aborted = self.abort(rid, "all")
+            if not migrate:
+                for act in aborted:
+                    seq = self.queue.remove(act.seq_id)
+                    self.queue.push(WaitingSequence(seq.seq_id, seq.prompt_tokens, 0))
+            actions += aborted
             self._table.remove(rid)
         return _net(actions + self.dispatch())
 
-    def shift_up(self, replicas: Sequence[ReplicaSpec]) -> list[Action]:
-        """ShiftUpMigration: drain the queue into the new replicas, then migrate while T improves."""
+    def shift_up(self, replicas: Sequence[ReplicaSpec], *, migrate: bool = True) -> list[Action]:
+        """ShiftUpMigration: drain the queue into the new replicas, then (with ``migrate``) migrate
+        while T improves; without it the new replicas only take waiting sequences."""
+        ids = [spec.replica_id for spec in replicas]
+        if len(set(ids)) != len(ids) or any(rid in self._table.slot_of for rid in ids):
+            raise ValueError(f"shift_up: replica ids must be new and distinct, got {ids}")
         for spec in replicas:
             self._table.add(spec.replica_id, spec.model, spec.kv_capacity_tokens)
-        actions = self.dispatch([spec.replica_id for spec in replicas])
+        actions = self.dispatch(ids)
         actions += self.dispatch()  # sequences the new replicas could not take may fit elsewhere
-        if len(self.queue):
+        if len(self.queue) or not migrate:
             return _net(actions)  # capacity is exhausted: migration would only reshuffle a full role
         return _net(actions + self._migrate())
 
@@ -341,9 +364,11 @@ def _net(actions: list[Action]) -> list[Action]:
     a sequence migrated back to where it started produces no action at all.
     """
     origin: dict[int, ReplicaId | None] = {}
+    first: dict[int, Action] = {}
     final: dict[int, Action] = {}
     for a in actions:
         origin.setdefault(a.seq_id, a.replica_id if isinstance(a, Abort) else None)
+        first.setdefault(a.seq_id, a)
         final[a.seq_id] = a
     aborts: list[Action] = []
     dispatches: list[Action] = []
@@ -353,7 +378,7 @@ def _net(actions: list[Action]) -> list[Action]:
         if start is not None and start == end_replica:
             continue
         if start is not None:
-            aborts.append(Abort(seq_id, start, end.generated_tokens))
+            aborts.append(Abort(seq_id, start, first[seq_id].generated_tokens))
         if end_replica is not None:
             dispatches.append(Dispatch(seq_id, end_replica, end.generated_tokens))
     return aborts + dispatches

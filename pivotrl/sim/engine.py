@@ -1,15 +1,14 @@
 """The discrete-event simulator of RL post-training with a GenRM (paper §2.1, §4, §8).
 
 Events are sequence completions, hand-offs from rollout to GenRM, replica start-ups after a shift,
-training completions, policy-version publications and planner ticks; between events every replica
-evolves in closed form (``replica``), never one decode iteration at a time.
+training starts and completions, policy-version publications and planner ticks; between events every
+replica evolves in closed form (``replica``), never one decode iteration at a time.
 
-The RL pipeline: step ``s`` releases its GRPO batch of rollouts once the policy version is at least
-``s − staleness``; a finished rollout immediately becomes a GenRM judgement; when every judgement of
-step ``s`` is done its batch is ready; training consumes batches in order, and each finished update
-publishes a new policy version (GPS Write), which unlocks later steps and makes live rollout
-replicas reload weights. A deployment controller (``deployments``) decides which devices run
-which role.
+The simulator is a set of backends for the control plane (``pivotrl.control``): ``Simulator`` is
+the clock (an event heap) and the ``ClusterBackend`` (shift, training and GPS costs from the cost
+model; when each device is free), ``SimRole`` s hold the replica truths. The RL data flow (step
+ledger), the schedulers (role drivers), the deployments, the monitor and the plan executor are the
+control plane's, the same objects that drive real engines in ``pivotrl.runtime``.
 
 Invariants: simulated time never decreases; every sequence of the workload is generated exactly
 once per role (the rollout, then its judgement) and every generated token is counted once; the
@@ -19,15 +18,20 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from pivotrl.control.backend import RoleSpec
+from pivotrl.control.ledger import StepLedger
+from pivotrl.control.plane import ControlPlane
+from pivotrl.planner.state import DeviceInfo, InferenceRole
 from pivotrl.sim.catalog import device_spec, model_spec
 from pivotrl.sim.config import SimConfig
 from pivotrl.sim.costs import CostModel
 from pivotrl.sim.results import SimResult, TimelinePoint
-from pivotrl.sim.roles import RoleRuntime
+from pivotrl.sim.roles import SimRole, SimSlot
 from pivotrl.sim.truth import TrueLatency, fit_belief
 from pivotrl.sim.workload import Workload
 
@@ -45,169 +49,184 @@ _WATCHDOG_S = 60.0  # period of the idle check
 class Simulator:
     """One run of one deployment on one scenario; ``run()`` returns a ``SimResult``."""
 
-    def __init__(self, cfg: SimConfig, controller: Any, workload: Workload | None = None) -> None:
+    def __init__(self, cfg: SimConfig, deployment: Any, workload: Workload | None = None) -> None:
         sc = cfg.scenario
         self.cfg = cfg
         self.workload = workload if workload is not None else Workload.sample(sc.workload, cfg.seed)
         self.policy, self.reward = model_spec(sc.policy), model_spec(sc.reward)
         self.costs = CostModel(device_spec(sc.device), cfg.costs)
-        self.now = 0.0
+        self._now = 0.0
         self.num_events = 0
         self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._counter = itertools.count()
-        self._replica_ids = itertools.count()
+        per_node = self.costs.device.devices_per_node
+        self.devices = tuple(DeviceInfo(device_id=d, node_id=d // per_node) for d in range(sc.num_devices))
+        self._free_at: dict[int, float] = {}  # device -> when its last role has shifted down
+        self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
         rng = np.random.default_rng([cfg.seed, 0x5111])
         sigma = cfg.hardware.noise_sigma
-        self.roles: dict[str, RoleRuntime] = {}
-        for role, spec, tp in (("rollout", self.policy, sc.policy_tp), ("reward", self.reward, sc.reward_tp)):
+        self.roles: dict[str, SimRole] = {}
+        wl = self.workload
+        for role, spec, tp, lengths in (("rollout", self.policy, sc.policy_tp, wl.rollout),
+                                        ("reward", self.reward, sc.reward_tp, wl.judge)):
             truth = TrueLatency.build(spec, self.costs.device, tp, cfg.hardware)
             belief = fit_belief(truth, rng, sigma)
             seed = int(rng.integers(2**63))
-            self.roles[role] = RoleRuntime(role, tp, truth, belief, seed, sigma, self.schedule, self._finished)
-        S, B = self.workload.num_steps, self.workload.seqs_per_step
-        self.staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
-        self.released = 0  # steps whose rollouts were submitted
-        self.version = 0  # published policy version (= trained steps visible to rollout)
-        self.trained = 0  # finished training steps
-        self.training_running = False
-        self.rollouts_done = np.zeros(S, dtype=np.int64)
-        self.judged = np.zeros(S, dtype=np.int64)
-        self.step_end_s: list[float] = []
+            self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
+                                       schedule=self.schedule, on_finished=self._finished)
+        staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
+        ledger = StepLedger(num_steps=wl.num_steps, seqs_per_step=wl.seqs_per_step, staleness=staleness)
+        self.deployment = deployment
+        self.plane = ControlPlane(backend=self, clock=self, deployment=deployment, ledger=ledger)
+        for role, sim_role in self.roles.items():
+            sim_role.driver = self.plane.drivers[role]  # type: ignore[index]
         self.timeline: list[TimelinePoint] = []
-        self.shifts: list[dict[str, Any]] = []
-        self.planner_calls: list[tuple[float, float, float]] = []
-        self.controller = controller
-        self._batch = B
 
-    # ------------------------------------------------------------------ events
+    # ------------------------------------------------------------------ Clock
+    def now(self) -> float:
+        return self._now
+
+    def call_at(self, time_s: float, fn: Callable[..., None], *args: Any) -> None:
+        self.schedule(time_s, fn, *args)
+
     def schedule(self, time: float, fn: Callable[..., None], *args: Any) -> None:
-        heapq.heappush(self._events, (max(time, self.now), next(self._counter), fn, args))
+        heapq.heappush(self._events, (max(time, self._now), next(self._counter), fn, args))
 
-    def new_replica_id(self) -> int:
-        return next(self._replica_ids)
+    # ------------------------------------------------------------------ views kept for results and tests
+    @property
+    def ledger(self) -> StepLedger:
+        return self.plane.ledger
 
+    @property
+    def rollouts_done(self) -> list[int]:
+        return self.ledger.rollouts_done
+
+    @property
+    def judged(self) -> list[int]:
+        return self.ledger.judged
+
+    @property
+    def step_end_s(self) -> list[float]:
+        return self.plane.step_end_s
+
+    @property
+    def shifts(self) -> list[dict[str, Any]]:
+        return self.plane.shifts
+
+    @property
+    def planner_calls(self) -> list[tuple[float, float, float]]:
+        return self.plane.planner_calls
+
+    # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
-        self.controller.start(self)
+        self.plane.start()
         if self.cfg.record_timeline:
             self.schedule(0.0, self._sample)
         self.schedule(_WATCHDOG_S, self._watchdog, 0.0)
-        S = self.workload.num_steps
-        events = self._events
-        while self.trained < S:
+        events, ledger = self._events, self.ledger
+        while not ledger.done:
             if not events:
                 raise SimulationStalled(self._stall_report("no pending event"))
             time, _, fn, args = heapq.heappop(events)
             if time > self.cfg.max_time_s:
                 raise SimulationStalled(self._stall_report(f"time {time:.0f} s > max_time_s"))
-            self.now = time
+            self._now = time
             self.num_events += 1
             fn(*args)
         return SimResult.build(self)
 
     def _watchdog(self, idle_since: float) -> None:
         """Raise if no sequence ran, no training ran and no shift was in flight for ``idle_stall_s``."""
-        busy = self.training_running or self.controller.busy(self) or any(
+        busy = self.ledger.training_running or self.deployment.busy(self.plane) or any(
             rep.seqs for rt in self.roles.values() for rep in rt.replicas.values())
-        idle_since = self.now if busy else idle_since
-        if self.now - idle_since >= self.cfg.idle_stall_s:
-            raise SimulationStalled(self._stall_report(f"idle for {self.now - idle_since:.0f} s with work waiting"))
-        self.schedule(self.now + _WATCHDOG_S, self._watchdog, idle_since)
+        idle_since = self._now if busy else idle_since
+        if self._now - idle_since >= self.cfg.idle_stall_s:
+            raise SimulationStalled(self._stall_report(f"idle for {self._now - idle_since:.0f} s with work waiting"))
+        self.schedule(self._now + _WATCHDOG_S, self._watchdog, idle_since)
 
     def _stall_report(self, why: str) -> str:
-        ro, rm = self.roles["rollout"], self.roles["reward"]
-        return (f"{why} at t={self.now:.1f} s: trained {self.trained}/{self.workload.num_steps}, released "
-                f"{self.released}, rollout live {ro.num_live} on {len(ro.replicas)} replicas, reward live "
-                f"{rm.num_live} on {len(rm.replicas)} replicas, training running {self.training_running}")
-
-    # ------------------------------------------------------------------ pipeline
-    def can_release(self) -> bool:
-        return self.released < self.workload.num_steps and self.released <= self.version + self.staleness
-
-    def release_next(self) -> bool:
-        """Submit the next step's rollouts if the staleness bound allows; True if released."""
-        if not self.can_release():
-            return False
-        step, B = self.released, self._batch
-        self.released += 1
-        wl = self.workload
-        seqs = [(step * B + i, int(wl.prompt[step, i]), int(wl.response[step, i])) for i in range(B)]
-        self.roles["rollout"].submit(seqs, self.now)
-        self.controller.on_released(self, step)
-        return True
-
-    def release_all(self) -> None:
-        while self.release_next():
-            pass
+        ro, rm, ledger = self.roles["rollout"], self.roles["reward"], self.ledger
+        return (f"{why} at t={self._now:.1f} s: trained {ledger.trained}/{ledger.num_steps}, released "
+                f"{ledger.released}, rollout live {ro.num_live} on {len(ro.replicas)} replicas, reward live "
+                f"{rm.num_live} on {len(rm.replicas)} replicas, training running {ledger.training_running}")
 
     def _finished(self, role: str, seq_id: int, at: float) -> None:
-        if at > self.now:
-            self.schedule(at, self._handoff, role, seq_id)
+        if at > self._now:
+            self.schedule(at, self.plane.sequence_finished, role, seq_id)
         else:
-            self._handoff(role, seq_id)
+            self.plane.sequence_finished(role, seq_id)  # type: ignore[arg-type]
 
-    def _handoff(self, role: str, seq_id: int) -> None:
-        step = self.workload.step_of(seq_id)
-        if role == "rollout":
-            self.rollouts_done[step] += 1
-            prompt, response = self.workload.judge(seq_id)
-            self.roles["reward"].submit([(seq_id, prompt, response)], self.now)
-            if self._drained("rollout"):
-                self.controller.on_drained(self, "rollout")
-        else:
-            self.judged[step] += 1
-            if self.judged[step] == self._batch:
-                self.controller.on_batch_ready(self, step)
-            if self._drained("reward"):
-                self.controller.on_drained(self, "reward")
+    # ------------------------------------------------------------------ ClusterBackend
+    def role_spec(self, role: InferenceRole) -> RoleSpec:
+        rt = self.roles[role]
+        return RoleSpec(role=role, tp=rt.tp, model=rt.belief, kv_capacity_tokens=rt.truth.kv_capacity_tokens)
 
-    def _drained(self, role: str) -> bool:
-        return self.roles[role].num_live == 0
+    def tau_shift_s(self, role: InferenceRole) -> float:
+        """τ_shift of a ``role`` replica: its shift down, then the other role's shift up on its devices."""
+        other = "reward" if role == "rollout" else "rollout"
+        return self.costs.inference_down_s() + self._up_s(other)
 
-    def batch_ready(self, step: int) -> bool:
-        return step < self.workload.num_steps and bool(self.judged[step] == self._batch)
+    def sync(self, role: InferenceRole | None = None) -> None:
+        for name, rt in self.roles.items():
+            if role is None or name == role:
+                rt.sync_all(self._now)
 
-    @property
-    def next_train_step(self) -> int:
-        return self.trained + (1 if self.training_running else 0)
+    def rollouts(self, step: int) -> list[tuple[int, int]]:
+        B = self.workload.seqs_per_step
+        return [(step * B + i, int(self.workload.prompt[step, i])) for i in range(B)]
 
-    # ------------------------------------------------------------------ training and versions
-    def train(self, num_devices: int, start_at: float, on_done: Callable[[], None]) -> float:
-        """Run the next training step on ``num_devices`` from ``start_at``; returns its end time."""
-        step = self.trained
-        assert self.batch_ready(step) and not self.training_running, f"training step {step} is not ready"
-        self.training_running = True
-        end = start_at + self.costs.training_s(self.policy, self.workload.training_tokens(step), num_devices)
-        self.schedule(end, self._trained, on_done)
-        return end
+    def judgement_prompt_tokens(self, seq_id: int) -> int:
+        return self.workload.judge(seq_id)[0]
 
-    def _trained(self, on_done: Callable[[], None]) -> None:
-        self.training_running = False
-        self.trained += 1
-        self.step_end_s.append(self.now)
-        on_done()
+    def start_replicas(self, role: InferenceRole, replicas: list[tuple[int, tuple[int, ...]]],
+                       min_version: int | None, initial: bool) -> None:
+        ready = self._now
+        if not initial:
+            ready = self._free([d for _, devices in replicas for d in devices])
+            if min_version is not None:
+                ready = max(ready, self._publish_at[min_version])
+            ready += self._up_s(role)
+        self.schedule(ready, self._replicas_up, role, replicas)
 
-    def publish(self, at: float, reload_rollout: bool = True) -> None:
-        """The newest weights reach GPS at ``at``: unlock steps, live rollout replicas reload them."""
-        self.schedule(at, self._published, self.trained, reload_rollout)
+    def _replicas_up(self, role: InferenceRole, replicas: list[tuple[int, tuple[int, ...]]]) -> None:
+        self.plane.replicas_up(role, self.roles[role].start(replicas))
 
-    def _published(self, version: int, reload_rollout: bool) -> None:
-        self.version = max(self.version, version)
-        if reload_rollout:
-            tp = self.cfg.scenario.policy_tp
-            self.roles["rollout"].stall_all(self.costs.read_s(self.policy, tp), self.now)
-        self.controller.on_published(self, version)
+    def stop_replicas(self, role: InferenceRole, replicas: list[SimSlot]) -> None:  # type: ignore[override]
+        free = self.roles[role].stop(replicas) + self.costs.inference_down_s()
+        self._free_at.update((d, free) for slot in replicas for d in slot.device_ids)
+
+    def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
+        start = self._now
+        if shift_up:
+            start = self._free(list(device_ids)) + self.costs.training_up_s(self.policy, len(device_ids))
+        end = start + self.costs.training_s(self.policy, self.workload.training_tokens(step), len(device_ids))
+        self.schedule(start, self.plane.training_started)
+        self.schedule(end, self.plane.trained, step)
+
+    def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
+        n = len(device_ids)
+        free = self._now + (self.costs.training_down_s(self.policy, n) if shift_down else 0.0)
+        self._free_at.update((d, free) for d in device_ids)
+        self._publish_at[version] = free + self.costs.write_s(self.policy, n)
+        self.schedule(free, self.plane.training_released)
+        self.schedule(self._publish_at[version], self.plane.published, version)
+
+    def reload_rollout(self, version: int) -> None:
+        self.roles["rollout"].stall_all(self.costs.read_s(self.policy, self.cfg.scenario.policy_tp), self._now)
+
+    def _free(self, devices: list[int]) -> float:
+        return max([self._now, *(self._free_at.get(d, 0.0) for d in devices)])
+
+    def _up_s(self, role: str) -> float:
+        model = self.policy if role == "rollout" else self.reward
+        return self.costs.inference_up_s(model, self.roles[role].tp)
 
     # ------------------------------------------------------------------ observation
-    def devices_by_role(self) -> dict[str, int]:
-        out = {role: sum(len(r.device_ids) for r in rt.replicas.values()) for role, rt in self.roles.items()}
-        out["training"] = self.controller.training_devices_in_use(self)
-        return out
-
     def _sample(self) -> None:
         """Record the timeline without syncing anything (observing never changes the run)."""
         ro, rm = self.roles["rollout"], self.roles["reward"]
-        self.timeline.append(TimelinePoint(time_s=self.now, devices=self.devices_by_role(),
+        self.timeline.append(TimelinePoint(time_s=self._now, devices=self.plane.devices_by_role(),
                                            rollout_tps=ro.throughput(), reward_tps=rm.throughput(),
                                            rollout_seqs=ro.num_live, reward_seqs=rm.num_live))
-        if self.trained < self.workload.num_steps:
-            self.schedule(self.now + self.cfg.sample_s, self._sample)
+        if not self.ledger.done:
+            self.schedule(self._now + self.cfg.sample_s, self._sample)

@@ -88,7 +88,7 @@ class SimResult:
             timeline=tuple(sim.timeline),
             shifts=tuple(sim.shifts),
             kv_overflows=sum(rt.num_overflows for rt in roles),
-            extra=dict(sim.controller.describe()),
+            extra=dict(sim.deployment.describe()),
         )
 
     def summary(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Run one simulation, and tune a deployment by grid search as the paper tuned its baselines (§8.1, App. E).
 
-``simulate(cfg)`` builds the deployment's controller and runs it. ``grid_search`` tries every
+``simulate(cfg)`` builds the deployment (``pivotrl.control``) and runs it on the simulator. ``grid_search`` tries every
 static allocation on a grid (disaggregated: rollout/reward/training pools; rr_colocated:
 shared/training; shiftable: the size of the fixed training set) and keeps the fastest. The grid step
 is ``max(lcm(tp), N/8)`` devices, so every model group has the same number of candidates
@@ -17,16 +17,17 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from pivotrl.sim.config import DeploymentConfig, Scenario, SimConfig
-from pivotrl.sim.deployments import Colocated, Controller, Disaggregated, RRColocated
+from pivotrl.control.deployments import Colocated, Deployment, Disaggregated, RRColocated
+from pivotrl.control.shiftable import Shiftable
 from pivotrl.sim.engine import SimulationStalled, Simulator
 from pivotrl.sim.results import SimResult
-from pivotrl.sim.shiftable import Shiftable
 from pivotrl.sim.workload import Workload
 
-__all__ = ["make_controller", "simulate", "simulate_many", "grid_step", "allocations", "grid_search"]
+__all__ = ["make_deployment", "simulate", "simulate_many", "grid_step", "allocations", "grid_search"]
 
 
-def make_controller(cfg: SimConfig, strategy: Any = None) -> Controller:
+def make_deployment(cfg: SimConfig, strategy: Any = None) -> Deployment:
+    """The control plane's deployment for ``cfg`` (the same classes the runtime uses)."""
     d, sc = cfg.deployment, cfg.scenario
     if d.kind == "colocated":
         return Colocated(sc.num_devices)
@@ -34,12 +35,12 @@ def make_controller(cfg: SimConfig, strategy: Any = None) -> Controller:
         return Disaggregated(d.rollout_devices, d.reward_devices, d.training_devices)
     if d.kind == "rr_colocated":
         return RRColocated(d.rollout_devices, d.training_devices)
-    return Shiftable(sc, d, strategy)
+    return Shiftable(sc.num_devices, d, strategy)
 
 
 def simulate(cfg: SimConfig, strategy: Any = None, workload: Workload | None = None) -> SimResult:
     """Run one deployment; ``strategy`` overrides the registry (a ``planner.Strategy`` object)."""
-    return Simulator(cfg, make_controller(cfg, strategy), workload).run()
+    return Simulator(cfg, make_deployment(cfg, strategy), workload).run()
 
 
 def grid_step(sc: Scenario) -> int:

@@ -61,7 +61,7 @@ def test_restarted_sequences_lose_their_generated_tokens():
         if not replicas:
             continue
         leaving = [replicas[0].replica_id]
-        fresh = [replace(r, sequences=tuple(replace(s, generated_tokens=0) for s in r.sequences))
+        fresh = [replace(r, sequences=tuple(s._replace(generated_tokens=0) for s in r.sequences))
                  if r.replica_id in leaving else r for r in replicas]
         kw = dict(new_model=spec.model, new_kv_capacity_tokens=spec.kv_capacity_tokens)
         restart = RoleSimulator(replicas, spec.waiting, restart_aborted=True, **kw).after_shift_down(leaving)

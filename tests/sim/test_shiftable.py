@@ -10,7 +10,7 @@ from pivotrl.planner import STRATEGIES, Decision, Strategy, WorkloadState, valid
 from pivotrl.sim import (DeploymentConfig, HardwareConfig, Scenario, SimConfig, SimulationStalled, Simulator,
                          TrueLatency)
 from pivotrl.sim.catalog import DEVICES, MODELS
-from pivotrl.sim.runner import make_controller
+from pivotrl.sim.runner import make_deployment
 from pivotrl.sim.truth import fit_belief
 
 from simcases import tiny_scenario
@@ -39,7 +39,7 @@ def test_registry_strategy_drives_the_run(name: str) -> None:
     dep = DeploymentConfig(kind="shiftable", strategy=name, training_devices=2, initial="split" if split else "rollout",
                            rollout_devices=4 if split else 0, reward_devices=2 if split else 0)
     cfg = SimConfig(scenario=tiny_scenario(), deployment=dep)
-    controller = make_controller(cfg)
+    controller = make_deployment(cfg)
     assert isinstance(controller.strategy, STRATEGIES[name])  # the planner's object, from its registry
     spy = Spy(controller.strategy)
     controller.strategy = spy
@@ -72,7 +72,7 @@ def test_configs_name_the_bad_field() -> None:
         DeploymentConfig(kind="shiftable", strategy="greedy")
     with pytest.raises(ValueError, match="reward_tp"):
         Scenario(name="x", policy="Qwen2.5-7B", reward="Qwen2.5-7B", num_devices=8, reward_tp=3)
-    with pytest.raises(ValueError, match="rollout\\+reward\\+training"):
+    with pytest.raises(ValueError, match="rollout_devices \\+ reward_devices \\+ training_devices"):
         SimConfig(scenario=tiny_scenario(), deployment=DeploymentConfig(kind="disaggregated", rollout_devices=4))
     with pytest.raises(ValueError, match="does not fit"):
         TrueLatency.build(MODELS["Qwen2.5-72B"], DEVICES["H20"], 1, HardwareConfig())
@@ -91,4 +91,4 @@ def test_a_strategy_that_starves_a_role_is_reported_as_stalled() -> None:
     cfg = SimConfig(scenario=tiny_scenario(), deployment=DeploymentConfig(kind="shiftable", training_devices=2),
                     idle_stall_s=120.0)  # every device starts on rollout; reward never gets one
     with pytest.raises(SimulationStalled, match="idle for"):
-        Simulator(cfg, make_controller(cfg, _Never())).run()
+        Simulator(cfg, make_deployment(cfg, _Never())).run()

@@ -9,14 +9,14 @@ from hypothesis import strategies as st
 
 from pivotrl.scheduler import ShiftAwareScheduler
 from pivotrl.sim import SimConfig, Simulator, Workload, fluid_bound
-from pivotrl.sim.runner import make_controller
+from pivotrl.sim.runner import make_deployment
 
 from simcases import DEPLOYMENTS, tiny_scenario
 
 
 def _run(deployment: str, seed: int = 0, **scenario_kw: object) -> Simulator:
     cfg = SimConfig(scenario=tiny_scenario(**scenario_kw), deployment=DEPLOYMENTS[deployment], seed=seed)
-    sim = Simulator(cfg, make_controller(cfg))
+    sim = Simulator(cfg, make_deployment(cfg))
     sim.result = sim.run()  # type: ignore[attr-defined]
     return sim
 
@@ -60,10 +60,10 @@ def test_random_workloads_conserve_and_respect_the_bound(deployment: str, seed: 
 @pytest.mark.parametrize("deployment", ["disaggregated", "colocated"])
 def test_rollouts_respect_staleness(deployment: str) -> None:
     cfg = SimConfig(scenario=tiny_scenario(num_steps=5), deployment=DEPLOYMENTS[deployment])
-    controller = make_controller(cfg)
+    controller = make_deployment(cfg)
     released: list[tuple[int, int]] = []
     original = controller.on_released
-    controller.on_released = lambda sim, step: (released.append((step, sim.version)), original(sim, step))
+    controller.on_released = lambda cp, step: (released.append((step, cp.ledger.version)), original(cp, step))
     Simulator(cfg, controller).run()
     lag = 0 if deployment == "colocated" else cfg.deployment.staleness
     assert [s for s, _ in released] == list(range(5))
@@ -77,7 +77,7 @@ def test_same_seed_same_run_and_other_seed_other_run() -> None:
     assert a.makespan_s != c.makespan_s
     cfg = SimConfig(scenario=tiny_scenario(), deployment=DEPLOYMENTS["pivotrl"], seed=7, record_timeline=True,
                     sample_s=0.37)
-    observed = Simulator(cfg, make_controller(cfg)).run()  # sampling a timeline does not perturb the run
+    observed = Simulator(cfg, make_deployment(cfg)).run()  # sampling a timeline does not perturb the run
     assert observed.timeline and (observed.makespan_s, observed.shifts) == (a.makespan_s, a.shifts)
 
 
@@ -85,7 +85,7 @@ def test_fluid_work_bound_equals_token_by_token_sum() -> None:
     """Oracle: the closed-form per-sequence work equals summing every generated token's cost."""
     sc = tiny_scenario(num_steps=1, prompts_per_step=1, group_size=2)
     cfg = SimConfig(scenario=sc, deployment=DEPLOYMENTS["colocated"])
-    sim = Simulator(cfg, make_controller(cfg))
+    sim = Simulator(cfg, make_deployment(cfg))
     wl = sim.workload
     fixed = dataclasses.replace(sc, num_devices=8)
     brute = 0.0

@@ -1,0 +1,124 @@
+"""The role driver: one role's shift-aware scheduler applied to replica backends (paper §6).
+
+The scheduler decides every Dispatch, Abort and migration from its throughput model; the driver
+carries the actions out on ``ReplicaBackend`` s (``join`` / ``leave``) and feeds engine progress
+back into the scheduler: ``advance`` (every sequence of a replica grew by m tokens, what simulated
+replicas report) or ``set_generated`` (an engine's exact count for one sequence, what real engines
+report). Shift down with migration is Alg. 3 and shift up Alg. 4; without migration (the Fig. 11
+ablations) aborted sequences restart from their prompts, a choice the scheduler itself makes.
+
+Invariants: every live sequence is in exactly one place, the scheduler's queue or one replica, and
+the replica backend that runs it is the one the scheduler names; a backend's ``leave`` count is the
+scheduler's count; ``sync`` runs before any scheduler decision that depends on progress.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from pivotrl.control.backend import ReplicaBackend, RoleSpec
+from pivotrl.scheduler import Abort, Action, ReplicaSpec, ShiftAwareScheduler
+
+__all__ = ["RoleDriver", "DriverError"]
+
+
+class DriverError(RuntimeError):
+    """A backend disagrees with the scheduler (a lost or duplicated sequence, a wrong count)."""
+
+
+def _no_sync() -> None:
+    return None
+
+
+class RoleDriver:
+    """Scheduler + replica backends of one inference role."""
+
+    def __init__(self, spec: RoleSpec, *, sync: Callable[[], None] = _no_sync,
+                 on_finished: Callable[[str, int], None] | None = None) -> None:
+        self.spec = spec
+        self.role = spec.role
+        self.scheduler = ShiftAwareScheduler()
+        self.replicas: dict[int, ReplicaBackend] = {}
+        self.discarded_tokens = 0  # generated, then thrown away by a restart (no migration)
+        self._sync = sync
+        self._on_finished = on_finished
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.queue)
+
+    @property
+    def num_live(self) -> int:
+        """Queued plus running sequences."""
+        return len(self.scheduler.queue) + self.scheduler.num_running
+
+    def device_ids(self) -> list[int]:
+        return [d for rep in self.replicas.values() for d in rep.device_ids]
+
+    # ------------------------------------------------------------------ sequences
+    def submit(self, seqs: Iterable[tuple[int, int]]) -> None:
+        """New sequences ``(seq_id, prompt_tokens)`` join the queue, then Dispatch."""
+        for seq_id, prompt_tokens in seqs:
+            self.scheduler.submit(seq_id, prompt_tokens)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        if self.num_waiting and self.replicas:
+            self._sync()
+            self.apply(self.scheduler.dispatch())
+
+    def advance(self, replica_id: int, num_iterations: int) -> None:
+        """Every sequence on the replica generated ``num_iterations`` more tokens."""
+        self.scheduler.advance(replica_id, num_iterations)
+
+    def set_generated(self, seq_id: int, generated_tokens: int) -> None:
+        """An engine's exact generated count for a running sequence."""
+        self.scheduler.set_generated(seq_id, generated_tokens)
+
+    def finish(self, seq_id: int) -> None:
+        """A running sequence completed on its replica."""
+        self.scheduler.finish(seq_id)
+        if self._on_finished is not None:
+            self._on_finished(self.role, seq_id)
+
+    # ------------------------------------------------------------------ replicas
+    def add_replicas(self, backends: list[ReplicaBackend], *, migrate: bool = True) -> None:
+        """Shift up: new replicas drain the queue; with ``migrate`` running sequences move onto them
+        while aggregate throughput improves (Alg. 4)."""
+        self._sync()
+        for rep in backends:
+            if rep.replica_id in self.replicas:
+                raise DriverError(f"{self.role} replica {rep.replica_id} is already registered")
+            self.replicas[rep.replica_id] = rep
+        specs = [ReplicaSpec(replica_id=rep.replica_id, model=self.spec.model,
+                             kv_capacity_tokens=self.spec.kv_capacity_tokens) for rep in backends]
+        self.apply(self.scheduler.shift_up(specs, migrate=migrate))
+
+    def remove_replicas(self, replica_ids: list[int], *, migrate: bool = True) -> list[ReplicaBackend]:
+        """Shift down (Alg. 3): abort everything there and re-dispatch (without ``migrate`` the aborted
+        sequences restart from their prompts). Returns the emptied backends."""
+        unknown = [rid for rid in replica_ids if rid not in self.replicas]
+        if unknown:
+            raise DriverError(f"{self.role}: unknown replica(s) {unknown}; live: {sorted(self.replicas)}")
+        self._sync()
+        actions = self.scheduler.shift_down(replica_ids, migrate=migrate)
+        if not migrate:
+            self.discarded_tokens += sum(a.generated_tokens for a in actions if isinstance(a, Abort))
+        self.apply(actions)
+        return [self.replicas.pop(rid) for rid in replica_ids]
+
+    def apply(self, actions: list[Action]) -> None:
+        """Carry scheduler actions out: every Abort (``leave``), then every Dispatch (``join``)."""
+        touched: dict[int, ReplicaBackend] = {}
+        for act in actions:
+            rep = self.replicas[act.replica_id]
+            touched[act.replica_id] = rep
+            if isinstance(act, Abort):
+                got = rep.leave(act.seq_id)
+                if got != act.generated_tokens:
+                    raise DriverError(f"{self.role} seq {act.seq_id}: replica {act.replica_id} has {got} generated "
+                                      f"tokens, the scheduler {act.generated_tokens}")
+            else:
+                rep.join(act.seq_id, act.generated_tokens)
+        for rep in touched.values():
+            rep.settle()

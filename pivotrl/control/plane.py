@@ -1,0 +1,170 @@
+"""The control plane: one object that runs an RL post-training job over a set of backends (§4).
+
+``ControlPlane`` owns the step ledger (RL data flow), one ``RoleDriver`` per inference role (the
+shift-aware schedulers) and the deployment (who holds which device when). Backends report what
+happened through the event methods below; deployments and the plan executor act through the
+command methods. The simulator (``pivotrl.sim``) and the runtime (``pivotrl.runtime``) build the
+same ``ControlPlane`` over their own backends, so a simulated run executes the control code that
+drives real engines.
+
+Events (called by backends): ``replicas_up``, ``sequence_finished``, ``training_started``,
+``trained``, ``training_released``, ``published``.
+Commands (called by deployments and the executor): ``release_next``/``release_all``,
+``start_replicas``, ``stop_replicas``/``stop_role``, ``train``, ``end_training``.
+
+Invariants: the ledger's invariants (each sequence rolled out, judged and trained exactly once;
+staleness bound; versions in order); a device serves at most one role (``check_devices``).
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from pivotrl.control.backend import Clock, ClusterBackend, ReplicaBackend
+from pivotrl.control.driver import RoleDriver
+from pivotrl.control.ledger import StepLedger
+from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
+
+__all__ = ["ControlPlane", "group_devices"]
+
+
+def group_devices(devices: list[int], tp: int) -> list[tuple[int, ...]]:
+    """Consecutive device groups of size ``tp`` (a replica's devices stay inside one node)."""
+    return [tuple(devices[i:i + tp]) for i in range(0, len(devices) - tp + 1, tp)]
+
+
+class ControlPlane:
+    """Ledger + role drivers + deployment over one backend; see the module docstring."""
+
+    def __init__(self, *, backend: ClusterBackend, clock: Clock, deployment: Any, ledger: StepLedger) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.deployment = deployment
+        self.ledger = ledger
+        self.drivers: dict[InferenceRole, RoleDriver] = {
+            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role)) for role in INFERENCE_ROLES}
+        self.step_end_s: list[float] = []
+        self.shifts: list[dict[str, Any]] = []  # executed plans
+        self.planner_calls: list[tuple[float, float, float]] = []  # (preprocess_s, construct_s, simulate_s)
+        self._replica_ids = itertools.count()
+        self._up_migrate: dict[int, bool] = {}  # replica id -> migrate when it comes up
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def now(self) -> float:
+        return self.clock.now()
+
+    def replica_role(self, replica_id: int) -> InferenceRole | None:
+        for role, driver in self.drivers.items():
+            if replica_id in driver.replicas:
+                return role
+        return None
+
+    def devices_by_role(self) -> dict[str, int]:
+        out = {role: len(d.device_ids()) for role, d in self.drivers.items()}
+        out["training"] = self.deployment.training_devices_in_use(self)
+        return out
+
+    def check_devices(self) -> None:
+        """No device holds two inference replicas (training occupancy is the deployment's)."""
+        seen: dict[int, int] = {}
+        for driver in self.drivers.values():
+            for rid, rep in driver.replicas.items():
+                for d in rep.device_ids:
+                    assert d not in seen, f"device {d} serves replicas {seen[d]} and {rid}"
+                    seen[d] = rid
+
+    # ------------------------------------------------------------------ run
+    def start(self) -> None:
+        self.deployment.start(self)
+
+    # ------------------------------------------------------------------ commands
+    def new_replica_id(self) -> int:
+        return next(self._replica_ids)
+
+    def release_next(self) -> bool:
+        """Submit the next step's rollouts if the staleness bound allows; True if released."""
+        if not self.ledger.can_release():
+            return False
+        step = self.ledger.release()
+        self.drivers["rollout"].submit(self.backend.rollouts(step))
+        self.deployment.on_released(self, step)
+        return True
+
+    def release_all(self) -> None:
+        while self.release_next():
+            pass
+
+    def start_replicas(self, role: InferenceRole, devices: list[int] | list[tuple[int, ...]], *,
+                       min_version: int | None = None, initial: bool = False, migrate: bool = True) -> list[int]:
+        """Replicas of ``role`` on ``devices`` (flat, grouped by tp; or explicit groups); returns their ids."""
+        tp = self.drivers[role].spec.tp
+        groups = [tuple(g) for g in devices] if devices and isinstance(devices[0], tuple) \
+            else group_devices(list(devices), tp)  # type: ignore[arg-type]
+        specs = [(self.new_replica_id(), g) for g in groups]
+        for rid, _ in specs:
+            self._up_migrate[rid] = migrate
+        self.backend.start_replicas(role, specs, min_version, initial)
+        return [rid for rid, _ in specs]
+
+    def stop_replicas(self, role: InferenceRole, replica_ids: list[int], *, migrate: bool = True) -> None:
+        """Shift replicas down: the scheduler evacuates them (Alg. 3), then the backend stops them."""
+        if replica_ids:
+            emptied = self.drivers[role].remove_replicas(replica_ids, migrate=migrate)
+            self.backend.stop_replicas(role, emptied)
+
+    def stop_role(self, role: InferenceRole) -> None:
+        self.stop_replicas(role, list(self.drivers[role].replicas))
+
+    def train(self, device_ids: tuple[int, ...], *, shift_up: bool) -> int:
+        """Train the next ready step on ``device_ids``; returns the step."""
+        step = self.ledger.start_training()
+        self.backend.start_training(step, tuple(device_ids), shift_up)
+        return step
+
+    def end_training(self, device_ids: tuple[int, ...], *, shift_down: bool) -> None:
+        """Write the newest policy to GPS (and shift training down)."""
+        self.backend.end_training(tuple(device_ids), self.ledger.trained, shift_down)
+
+    # ------------------------------------------------------------------ events
+    def replicas_up(self, role: InferenceRole, backends: list[ReplicaBackend]) -> None:
+        migrate = all(self._up_migrate.pop(rep.replica_id, True) for rep in backends)
+        self.drivers[role].add_replicas(backends, migrate=migrate)
+        self.deployment.on_replicas_up(self, role, [rep.replica_id for rep in backends])
+
+    def sequence_finished(self, role: InferenceRole, seq_id: int) -> None:
+        """A generation finished (its driver already knows): rollout -> GenRM hand-off, or judged."""
+        ledger = self.ledger
+        if role == "rollout":
+            ledger.rollout_finished(seq_id)
+            self.drivers["reward"].submit([(seq_id, self.backend.judgement_prompt_tokens(seq_id))])
+            if self.drivers["rollout"].num_live == 0:
+                self.deployment.on_drained(self, "rollout")
+        else:
+            if ledger.judgement_finished(seq_id):
+                self.deployment.on_batch_ready(self, ledger.step_of(seq_id))
+            if self.drivers["reward"].num_live == 0:
+                self.deployment.on_drained(self, "reward")
+
+    def training_started(self) -> None:
+        self.deployment.on_training_started(self)
+
+    def trained(self, step: int) -> None:
+        done = self.ledger.finish_training()
+        assert done == step + 1, f"trained step {step}, ledger expected {done - 1}"
+        self.step_end_s.append(self.now)
+        self.deployment.on_trained(self, step)
+
+    def training_released(self) -> None:
+        self.deployment.on_training_released(self)
+
+    def published(self, version: int) -> None:
+        self.ledger.publish(version)
+        if self.drivers["rollout"].replicas:
+            self.backend.reload_rollout(version)
+        self.deployment.on_published(self, version)
+
+
+def _role_sync(backend: ClusterBackend, role: InferenceRole) -> Callable[[], None]:
+    return lambda: backend.sync(role)
