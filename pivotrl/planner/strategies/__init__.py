@@ -2,7 +2,8 @@
 
 ``pivotrl``: the five-step planner (§7); ``static``: lend idle training devices, split evenly;
 ``rule``: KV-utilization thresholds; ``vanilla``: busy/idle replica throughput, no migration;
-``model``: throughput model, no migration. ``make_strategy(name, **config)`` builds one from its
+``model``: throughput model, no migration; ``chaos``: random valid plans (tests and stress runs).
+``make_strategy(name, **config)`` builds one from its
 config dataclass's fields.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from pivotrl.planner.decision import Strategy
+from pivotrl.planner.strategies.chaos import ChaosConfig, ChaosStrategy
 from pivotrl.planner.strategies.model import ModelPlanner
 from pivotrl.planner.strategies.pivotrl import PivotRLPlanner
 from pivotrl.planner.strategies.rule import RuleConfig, RuleStrategy
@@ -19,10 +21,10 @@ from pivotrl.planner.strategies.static import StaticConfig, StaticStrategy
 from pivotrl.planner.strategies.vanilla import VanillaPlanner
 
 __all__ = ["STRATEGIES", "make_strategy", "PivotRLPlanner", "ModelPlanner", "VanillaPlanner", "StaticStrategy",
-           "StaticConfig", "RuleStrategy", "RuleConfig"]
+           "StaticConfig", "RuleStrategy", "RuleConfig", "ChaosStrategy", "ChaosConfig"]
 
 STRATEGIES: Mapping[str, type[Strategy]] = MappingProxyType({
-    cls.name: cls for cls in (PivotRLPlanner, StaticStrategy, RuleStrategy, VanillaPlanner, ModelPlanner)
+    cls.name: cls for cls in (PivotRLPlanner, StaticStrategy, RuleStrategy, VanillaPlanner, ModelPlanner, ChaosStrategy)
 })
 
 

@@ -1,0 +1,403 @@
+"""The controller of a real run (rank 0): the control plane over vLLM engines, the trainer and GPS (§4).
+
+``RuntimeCluster`` is the runtime's set of backends for ``pivotrl.control``: it turns the plane's
+commands into control messages to the workers (one per torchrun rank, each standing for one device)
+and the workers' reports into the plane's events. ``RuntimeReplica`` is the role driver's
+``ReplicaBackend`` for one engine replica. The control code itself (ledger, drivers, monitor,
+executor, deployments, planner) is exactly the simulator's.
+
+Migration over messages: an Abort sends ``AbortSequences``; the sequence is "in transit" until the
+worker's ``Aborted`` returns every token it generated; a Dispatch of an in-transit sequence waits for
+that reply, then resumes it with prompt + generated ids on its new replica. A sequence that
+finished before its abort reached the engine is taken out of the scheduler and counted once.
+
+Invariants: every live sequence is on at most one engine (adds wait for aborts); the scheduler's
+generated count follows every ``Progress``; every device serves at most one role, as the workers
+themselves report (``roles_held``), checked on every message.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pivotrl.control.backend import RoleSpec
+from pivotrl.control.ledger import StepLedger
+from pivotrl.control.plane import ControlPlane
+from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
+from pivotrl.runtime import messages as m
+from pivotrl.runtime.book import RolloutBook
+from pivotrl.runtime.clock import WallClock
+from pivotrl.scheduler import ThroughputModel
+
+__all__ = ["ControllerSpec", "RuntimeCluster", "RuntimeReplica", "RunFailed", "Sampling"]
+
+
+class RunFailed(RuntimeError):
+    """A worker reported an error, an invariant broke, or the run timed out."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sampling:
+    max_tokens: int
+    temperature: float
+
+
+@dataclass(kw_only=True, slots=True)
+class ControllerSpec:
+    """What the controller needs to know about the cluster and the roles."""
+
+    num_nodes: int
+    devices_per_node: int
+    sampling: dict[str, Sampling]  # per inference role
+    belief: dict[str, ThroughputModel]  # per inference role: the throughput model the scheduler starts from
+    kv_capacity_tokens: dict[str, int]  # per inference role
+    tau_shift_s: float = 2.0  # τ_shift until shifts have been measured
+    timeout_s: float = 1800.0
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+
+@dataclass(slots=True)
+class _Live:
+    """A sequence the controller is generating (one per role and seq_id)."""
+
+    generated_ids: list[int] = field(default_factory=list)
+    replica_id: int | None = None  # the engine it runs on (None: queued or in transit)
+    in_transit: bool = False  # aborted, its Aborted reply not back yet
+    pending: RuntimeReplica | None = None  # dispatched while in transit: add it there when the reply comes
+
+
+class RuntimeReplica:
+    """One engine replica as a ``ReplicaBackend``: joins and leaves become messages (sent in ``settle``)."""
+
+    def __init__(self, cluster: RuntimeCluster, role: InferenceRole, replica_id: int, device_ids: tuple[int, ...],
+                 version: int) -> None:
+        self.cluster, self.role = cluster, role
+        self.replica_id, self.device_ids = replica_id, device_ids
+        self.version = version
+        self._adds: list[m.SeqToAdd] = []
+        self._aborts: list[int] = []
+        self._tps = 0.0
+
+    @property
+    def lead(self) -> int:
+        return self.device_ids[0]
+
+    def join(self, seq_id: int, generated_tokens: int) -> None:
+        live = self.cluster.live[self.role].setdefault(seq_id, _Live())
+        live.replica_id = self.replica_id
+        if live.in_transit:
+            live.pending = self
+        else:
+            self._adds.append(self.cluster.seq_to_add(self.role, seq_id, live))
+
+    def leave(self, seq_id: int) -> int:
+        live = self.cluster.live[self.role][seq_id]
+        live.replica_id, live.in_transit, live.pending = None, True, None
+        self._aborts.append(seq_id)
+        return len(live.generated_ids)
+
+    def settle(self) -> None:
+        bus = self.cluster.bus
+        if self._aborts:
+            bus.send(self.lead, m.AbortSequences(replica_id=self.replica_id, seq_ids=self._aborts))
+            self._aborts = []
+        if self._adds:
+            bus.send(self.lead, m.AddSequences(replica_id=self.replica_id, seqs=self._adds))
+            self._adds = []
+
+    def throughput_tps(self) -> float:
+        return self._tps
+
+    def observe(self, num_new_tokens: int, latency_s: float, num_running: int) -> None:
+        """Measured throughput: an exponential average of tokens per second of engine time."""
+        if latency_s > 0:
+            tps = num_new_tokens / latency_s
+            self._tps = tps if self._tps == 0 else 0.7 * self._tps + 0.3 * tps
+        if num_running == 0:
+            self._tps = 0.0
+
+
+class RuntimeCluster:
+    """``ClusterBackend`` + message handling; owns the ``ControlPlane`` of the run."""
+
+    def __init__(self, spec: ControllerSpec, bus: Any, book: RolloutBook, deployment: Any, *, num_steps: int,
+                 staleness: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None) -> None:
+        self.spec, self.bus, self.book = spec, bus, book
+        self.devices = tuple(DeviceInfo(device_id=d, node_id=d // spec.devices_per_node)
+                             for d in range(spec.num_devices))
+        self.clock = WallClock()
+        self.live: dict[str, dict[int, _Live]] = {role: {} for role in INFERENCE_ROLES}
+        self.replicas: dict[int, RuntimeReplica] = {}
+        self.on_step = on_step
+        self.roles_held: dict[int, list[str]] = {}
+        self.occupancy_violations: list[str] = []
+        self.shift_reports: list[dict[str, Any]] = []
+        self.tokens_by_role: dict[str, int] = defaultdict(int)
+        self.engine_seconds: dict[str, float] = defaultdict(float)
+        self.published_version = 0
+        self.train_stats: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        self._pending_up: dict[int, tuple[InferenceRole, tuple[int, ...]]] = {}
+        self._role_by_replica: dict[int, InferenceRole] = {}
+        self._pending_down: set[int] = set()
+        self._training: tuple[int, ...] = ()
+        self._written: dict[int, set[int]] = defaultdict(set)
+        self._trained_from: dict[int, set[int]] = defaultdict(set)
+        self._down_from: set[int] = set()
+        self._saved: m.Saved | None = None
+        self._byes: set[int] = set()
+        self._step_started: dict[int, float] = {}
+        self._last_step_row: dict[str, Any] = {}
+        ledger = StepLedger(num_steps=num_steps, seqs_per_step=book.seqs_per_step, staleness=staleness)
+        self.plane = ControlPlane(backend=self, clock=self.clock, deployment=deployment, ledger=ledger)
+
+    # ------------------------------------------------------------------ ClusterBackend
+    def role_spec(self, role: InferenceRole) -> RoleSpec:
+        return RoleSpec(role=role, tp=1, model=self.spec.belief[role],
+                        kv_capacity_tokens=self.spec.kv_capacity_tokens[role])
+
+    def tau_shift_s(self, role: InferenceRole) -> float:
+        """Measured: the mean shift down of ``role`` plus the mean shift up of the other role."""
+        other = "reward" if role == "rollout" else "rollout"
+        down = [r["seconds"] for r in self.shift_reports if r["role"] == role and r["direction"] == "down"]
+        up = [r["seconds"] for r in self.shift_reports if r["role"] == other and r["direction"] == "up"]
+        if not down or not up:
+            return self.spec.tau_shift_s
+        return sum(down) / len(down) + sum(up) / len(up)
+
+    def sync(self, role: InferenceRole | None = None) -> None:
+        """Progress is applied as it arrives."""
+
+    def rollouts(self, step: int) -> list[tuple[int, int]]:
+        self._step_started.setdefault(step, self.clock.now())
+        return self.book.rollouts(step)
+
+    def judgement_prompt_tokens(self, seq_id: int) -> int:
+        return len(self.book.prompt_ids("reward", seq_id))
+
+    def start_replicas(self, role: InferenceRole, replicas: list[tuple[int, tuple[int, ...]]],
+                       min_version: int | None, initial: bool) -> None:
+        for rid, devices in replicas:
+            if len(devices) != 1:
+                raise RunFailed(f"{role} replica on devices {devices}: the runtime runs tp = 1 replicas only")
+            self._pending_up[rid] = (role, tuple(devices))
+            self._role_by_replica[rid] = role
+            self.bus.send(devices[0], m.StartReplica(replica_id=rid, role=role, device_ids=list(devices),
+                                                     min_version=min_version))
+
+    def stop_replicas(self, role: InferenceRole, replicas: list[RuntimeReplica]) -> None:  # type: ignore[override]
+        for rep in replicas:
+            self.replicas.pop(rep.replica_id, None)
+            self._pending_down.add(rep.replica_id)
+            self.bus.send(rep.lead, m.StopReplica(replica_id=rep.replica_id))
+
+    def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
+        self._training = device_ids
+        for device, shard in zip(device_ids, self.book.batch_shards(step, len(device_ids))):
+            self.bus.send(device, m.Train(step=step, **shard))
+        self.clock.call_at(self.clock.now(), self.plane.training_started)
+
+    def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
+        for d in range(self.spec.num_devices):
+            self.bus.send(d, m.GpsWrite(version=version))
+        if shift_down:
+            self._down_from = set()
+            for d in device_ids:
+                self.bus.send(d, m.StopTraining())
+        else:
+            self.clock.call_at(self.clock.now(), self.plane.training_released)
+
+    def reload_rollout(self, version: int) -> None:
+        for rid in self.plane.drivers["rollout"].replicas:
+            self.bus.send(self.replicas[rid].lead, m.LoadVersion(replica_id=rid, version=version))
+
+    # ------------------------------------------------------------------ sequences
+    def seq_to_add(self, role: str, seq_id: int, live: _Live) -> m.SeqToAdd:
+        sampling = self.spec.sampling[role]
+        return m.SeqToAdd(seq_id=seq_id, prompt_ids=self.book.prompt_ids(role, seq_id),
+                          generated_ids=list(live.generated_ids), max_tokens=sampling.max_tokens,
+                          temperature=sampling.temperature)
+
+    # ------------------------------------------------------------------ messages
+    def handle(self, device: int, msg: m.Message) -> None:
+        if isinstance(msg, m.WorkerMessage):
+            self._check_roles(device, msg)
+        handler = getattr(self, f"_on_{msg.kind}", None)
+        if handler is None:
+            raise RunFailed(f"device {device} sent an unexpected {msg.kind}")
+        handler(device, msg)
+
+    def _check_roles(self, device: int, msg: m.WorkerMessage) -> None:
+        self.roles_held[device] = list(msg.roles_held)
+        if len(msg.roles_held) > 1 or msg.device != device:
+            self.occupancy_violations.append(f"device {device} reported roles {msg.roles_held} in {msg.kind}")
+
+    def _on_WorkerError(self, device: int, msg: m.WorkerError) -> None:
+        raise RunFailed(f"worker on device {device} failed while handling {msg.where}: {msg.message}")
+
+    def _on_ReplicaUp(self, device: int, msg: m.ReplicaUp) -> None:
+        role, devices = self._pending_up.pop(msg.replica_id)
+        rep = RuntimeReplica(self, role, msg.replica_id, devices, msg.version)
+        self.replicas[msg.replica_id] = rep
+        self._record_shift(device, msg.report, replica_id=msg.replica_id)
+        self.plane.replicas_up(role, [rep])
+
+    def _on_ReplicaDown(self, device: int, msg: m.ReplicaDown) -> None:
+        self._pending_down.discard(msg.replica_id)
+        self._record_shift(device, msg.report, replica_id=msg.replica_id)
+
+    def _on_Progress(self, device: int, msg: m.Progress) -> None:
+        rep = self.replicas.get(msg.replica_id)
+        role = self._role_of(msg.replica_id)
+        self.tokens_by_role[role] += msg.num_new_tokens
+        self.engine_seconds[role] += msg.latency_s
+        driver, live = self.plane.drivers[role], self.live[role]  # type: ignore[index]
+        for seq_id, new_ids in msg.tokens:
+            rec = live.get(seq_id)
+            if rec is not None and rec.replica_id == msg.replica_id and not rec.in_transit:
+                rec.generated_ids.extend(new_ids)
+                driver.set_generated(seq_id, len(rec.generated_ids))
+        for fin in msg.finished:
+            self._finished(role, msg.replica_id, fin, msg.version)  # type: ignore[arg-type]
+        if rep is not None:
+            rep.observe(msg.num_new_tokens, msg.latency_s, msg.num_running_seqs)
+            rep.version = msg.version
+
+    def _finished(self, role: InferenceRole, replica_id: int, fin: m.FinishedSeq, version: int) -> None:
+        rec = self.live[role].pop(fin.seq_id, None)
+        if rec is None:
+            raise RunFailed(f"{role} seq {fin.seq_id} finished on replica {replica_id} but is not live")
+        driver = self.plane.drivers[role]
+        if rec.replica_id == replica_id and not rec.in_transit:
+            driver.finish(fin.seq_id)
+        else:  # it finished before its abort reached the engine: take it out wherever the scheduler put it
+            driver.scheduler.cancel(fin.seq_id)
+        if role == "rollout":
+            self.book.response_done(fin.seq_id, fin.token_ids, version)
+        else:
+            self.book.judgement_done(fin.seq_id, fin.token_ids)
+        self.plane.sequence_finished(role, fin.seq_id)
+
+    def _on_Aborted(self, device: int, msg: m.Aborted) -> None:
+        role = self._role_of(msg.replica_id)
+        for seq_id, ids in msg.partial:
+            rec = self.live[role].get(seq_id)
+            if rec is None:
+                continue  # finished meanwhile (already counted)
+            rec.generated_ids, rec.in_transit = list(ids), False
+            dest, rec.pending = rec.pending, None
+            where = self._where(role, seq_id)
+            if dest is not None and where == dest.replica_id and dest.replica_id in self.replicas:
+                self.plane.drivers[role].set_generated(seq_id, len(rec.generated_ids))  # type: ignore[index]
+                dest._adds.append(self.seq_to_add(role, seq_id, rec))
+                dest.settle()
+
+    def _where(self, role: str, seq_id: int) -> int | None:
+        try:
+            return self.plane.drivers[role].scheduler.where(seq_id)  # type: ignore[index]
+        except KeyError:
+            return None
+
+    def _role_of(self, replica_id: int) -> InferenceRole:
+        role = self._role_by_replica.get(replica_id)
+        if role is None:
+            raise RunFailed(f"a worker reported on replica {replica_id}, which was never started")
+        return role
+
+    def _on_Reloaded(self, device: int, msg: m.Reloaded) -> None:
+        rep = self.replicas.get(msg.replica_id)
+        if rep is not None:
+            rep.version = msg.version
+        self.shift_reports.append({"role": "rollout", "direction": "reload", "device": device, "version": msg.version,
+                                   "seconds": msg.seconds, "time_s": self.clock.now()})
+
+    def _on_Trained(self, device: int, msg: m.Trained) -> None:
+        self.train_stats[msg.step].append(dict(msg.stats))
+        if msg.report is not None:
+            self._record_shift(device, msg.report)
+        self._trained_from[msg.step].add(device)
+        if self._trained_from[msg.step] == set(self._training):
+            self.plane.trained(msg.step)
+
+    def _on_Written(self, device: int, msg: m.Written) -> None:
+        self._written[msg.version].add(device)
+        if len(self._written[msg.version]) == self.spec.num_devices:
+            self.published_version = msg.version
+            self._emit_step(msg.version - 1)
+            self.plane.published(msg.version)
+
+    def _on_TrainingDown(self, device: int, msg: m.TrainingDown) -> None:
+        self._record_shift(device, msg.report)
+        self._down_from.add(device)
+        if self._down_from == set(self._training):
+            self.plane.training_released()
+
+    def _on_Saved(self, device: int, msg: m.Saved) -> None:
+        self._saved = msg
+
+    def _on_Bye(self, device: int, msg: m.Bye) -> None:
+        self._byes.add(device)
+
+    def _record_shift(self, device: int, report: dict[str, Any], **extra: Any) -> None:
+        self.shift_reports.append({**report, "device": device, "time_s": self.clock.now(), **extra})
+
+    # ------------------------------------------------------------------ metrics
+    def _emit_step(self, step: int) -> None:
+        now = self.clock.now()
+        stats = self.train_stats.get(step, [])
+        row: dict[str, Any] = {"step": step, "version": step + 1, "time_s": now, **self.book.step_metrics(step)}
+        if stats:
+            row["loss"] = stats[0].get("loss")
+            row["train_seconds"] = max(s.get("seconds", 0.0) for s in stats)
+        row["tokens_by_role"] = dict(self.tokens_by_role)
+        row["tps_by_role"] = {r: (self.tokens_by_role[r] / self.engine_seconds[r] if self.engine_seconds[r] else 0.0)
+                              for r in INFERENCE_ROLES}
+        total = sum(self.tokens_by_role.values())
+        row["tps_overall"] = total / now if now > 0 else 0.0
+        last = self._last_step_row.get("num_shift_reports", 0)
+        row["shifts"] = self.shift_reports[last:]
+        row["num_shift_reports"] = len(self.shift_reports)
+        row["devices_by_role"] = self.plane.devices_by_role()
+        self._last_step_row = row
+        self.on_step(row)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        """Drive the plane until every step has trained and its version is published."""
+        deadline = time.monotonic() + self.spec.timeout_s
+        self.plane.start()
+        ledger = self.plane.ledger
+        while not (ledger.done and self.published_version >= ledger.num_steps):
+            if time.monotonic() > deadline:
+                raise RunFailed(f"run timed out after {self.spec.timeout_s:.0f} s: trained {ledger.trained}/"
+                                f"{ledger.num_steps}, released {ledger.released}, published {self.published_version}")
+            wait = self.clock.run_due()
+            for device, msg in self.bus.recv(0.05 if wait is None else min(wait, 0.05)):
+                self.handle(device, msg)
+        self.plane.check_devices()
+
+    def wait_for(self, what: Callable[[], bool], timeout_s: float, label: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not what():
+            if time.monotonic() > deadline:
+                raise RunFailed(f"timed out after {timeout_s:.0f} s waiting for {label}")
+            for device, msg in self.bus.recv(0.05):
+                if isinstance(msg, m.Progress):
+                    continue
+                self.handle(device, msg)
+
+    def save_policy(self, path: str, device: int = 0, timeout_s: float = 300.0) -> m.Saved:
+        self.bus.send(device, m.SavePolicy(path=path))
+        self.wait_for(lambda: self._saved is not None, timeout_s, "the policy checkpoint")
+        assert self._saved is not None
+        return self._saved
+
+    def shutdown(self, timeout_s: float = 120.0) -> None:
+        for d in range(self.spec.num_devices):
+            self.bus.send(d, m.Shutdown())
+        self.wait_for(lambda: len(self._byes) == self.spec.num_devices, timeout_s, "every worker to stop")
