@@ -1,4 +1,33 @@
-"""The control plane (paper §4, §7.1 monitor and executor): pure, shared by the simulator and the runtime."""
-from pivotrl.control.config import DEPLOYMENT_KINDS, STRATEGIES, DeploymentConfig, DeploymentKind
+"""The control plane (paper §4, §7.1 monitor and executor): pure, shared by the simulator and the runtime.
 
-__all__ = ["DEPLOYMENT_KINDS", "DeploymentConfig", "DeploymentKind", "STRATEGIES"]
+``ControlPlane`` (step ledger + one ``RoleDriver`` per inference role + a deployment) runs an RL job
+over a set of backends (``backend.ClusterBackend``): ``pivotrl.sim`` provides simulated ones,
+``pivotrl.runtime`` real engines on torchrun ranks. No torch, vLLM or NIXL here.
+"""
+from typing import Any
+
+from pivotrl.control.backend import Clock, ClusterBackend, ReplicaBackend, RoleSpec
+from pivotrl.control.config import DEPLOYMENT_KINDS, STRATEGIES, DeploymentConfig, DeploymentKind
+from pivotrl.control.deployments import Colocated, Deployment, Disaggregated, RRColocated
+from pivotrl.control.driver import DriverError, RoleDriver
+from pivotrl.control.executor import PlanExecutor
+from pivotrl.control.ledger import LedgerError, StepLedger
+from pivotrl.control.monitor import snapshot
+from pivotrl.control.plane import ControlPlane, group_devices
+from pivotrl.control.shiftable import Shiftable, TickPolicy
+
+__all__ = ["Clock", "ClusterBackend", "Colocated", "ControlPlane", "DEPLOYMENT_KINDS", "Deployment",
+           "DeploymentConfig", "DeploymentKind", "Disaggregated", "DriverError", "LedgerError", "PlanExecutor",
+           "RRColocated", "ReplicaBackend", "RoleDriver", "RoleSpec", "STRATEGIES", "Shiftable", "StepLedger",
+           "TickPolicy", "group_devices", "make_deployment", "snapshot"]
+
+
+def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Any = None) -> Deployment:
+    """The deployment ``dep`` on ``num_devices`` (``strategy`` overrides the registry's, shiftable only)."""
+    if dep.kind == "colocated":
+        return Colocated(num_devices)
+    if dep.kind == "disaggregated":
+        return Disaggregated(dep.rollout_devices, dep.reward_devices, dep.training_devices)
+    if dep.kind == "rr_colocated":
+        return RRColocated(dep.rollout_devices, dep.training_devices)
+    return Shiftable(num_devices, dep, strategy)

@@ -64,6 +64,10 @@ class PlanExecutor:
         if not self._pending:
             self._idle()
 
+    def expect(self, replica_ids: list[int]) -> None:
+        """Replicas started outside a plan (the initial placement): busy until they are up."""
+        self._pending.update(replica_ids)
+
     # ------------------------------------------------------------------ events from the plane
     def replicas_up(self, replica_ids: list[int]) -> None:
         self._done(*replica_ids)

@@ -71,11 +71,12 @@ class Shiftable(Deployment):
         self.executor = PlanExecutor(cp, self.training, on_idle=self._idle)
         n = self.num_devices
         if self.dep.initial == "rollout":
-            cp.start_replicas("rollout", list(range(n)), initial=True)
+            ids = cp.start_replicas("rollout", list(range(n)), initial=True)
         else:
             ro, rm = self.dep.rollout_devices, self.dep.reward_devices
-            cp.start_replicas("rollout", list(range(ro)), initial=True)
-            cp.start_replicas("reward", list(range(ro, ro + rm)), initial=True)
+            ids = cp.start_replicas("rollout", list(range(ro)), initial=True)
+            ids += cp.start_replicas("reward", list(range(ro, ro + rm)), initial=True)
+        self._exec.expect(ids)
         cp.clock.call_at(cp.now, cp.release_all)
         cp.clock.call_at(cp.now, self._tick, self._gen)
 

@@ -93,8 +93,10 @@ class RuntimeReplica:
         live.replica_id = self.replica_id
         if live.in_transit:
             live.pending = self
-        else:
-            self._adds.append(self.cluster.seq_to_add(self.role, seq_id, live))
+            return
+        if generated_tokens != len(live.generated_ids):  # its abort reply brought tokens the queue did not know
+            self.cluster.plane.drivers[self.role].set_generated(seq_id, len(live.generated_ids))
+        self._adds.append(self.cluster.seq_to_add(self.role, seq_id, live))
 
     def leave(self, seq_id: int) -> int:
         live = self.cluster.live[self.role][seq_id]

@@ -17,8 +17,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from pivotrl.sim.config import DeploymentConfig, Scenario, SimConfig
-from pivotrl.control.deployments import Colocated, Deployment, Disaggregated, RRColocated
-from pivotrl.control.shiftable import Shiftable
+from pivotrl.control import Deployment
+from pivotrl.control import make_deployment as make_control_deployment
 from pivotrl.sim.engine import SimulationStalled, Simulator
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.workload import Workload
@@ -28,14 +28,8 @@ __all__ = ["make_deployment", "simulate", "simulate_many", "grid_step", "allocat
 
 def make_deployment(cfg: SimConfig, strategy: Any = None) -> Deployment:
     """The control plane's deployment for ``cfg`` (the same classes the runtime uses)."""
-    d, sc = cfg.deployment, cfg.scenario
-    if d.kind == "colocated":
-        return Colocated(sc.num_devices)
-    if d.kind == "disaggregated":
-        return Disaggregated(d.rollout_devices, d.reward_devices, d.training_devices)
-    if d.kind == "rr_colocated":
-        return RRColocated(d.rollout_devices, d.training_devices)
-    return Shiftable(sc.num_devices, d, strategy)
+    cfg.deployment.check(cfg.scenario.num_devices, cfg.scenario.policy_tp, cfg.scenario.reward_tp)
+    return make_control_deployment(cfg.deployment, cfg.scenario.num_devices, strategy)
 
 
 def simulate(cfg: SimConfig, strategy: Any = None, workload: Workload | None = None) -> SimResult:

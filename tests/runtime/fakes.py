@@ -1,0 +1,145 @@
+"""In-process stand-ins for the workers of a run: deterministic engines, trainer and GPS behind a bus.
+
+``FakeBus`` has the controller-side interface of ``ControllerBus`` (``send(device, msg)``,
+``recv(timeout_s)``); each message goes through JSON and ``decode`` like on the wire. Each ``recv``
+runs one engine iteration on every fake replica: every running sequence gains one token; a sequence
+finishes at its length ``3 + seq_id % 5`` (rollout) or ``2 + seq_id % 3`` (reward), or at max_tokens.
+Token ids spell ``Answer: 1`` often enough to give rewards. The fakes record what a worker would see
+(roles held per device, tokens each engine generated), so tests check the controller against them.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pivotrl.runtime import messages as m
+
+
+@dataclass
+class FakeReplica:
+    replica_id: int
+    role: str
+    device: int
+    version: int
+    seqs: dict[int, tuple[list[int], int]] = field(default_factory=dict)  # seq_id -> (generated, max_tokens)
+
+
+class FakeBus:
+    def __init__(self, num_devices: int, *, answer_ids: list[int] | None = None) -> None:
+        self.num_devices = num_devices
+        self.replicas: dict[int, FakeReplica] = {}
+        self.held: dict[int, list[str]] = {d: [] for d in range(num_devices)}
+        self.training_up: set[int] = set()
+        self.gps_version = 0
+        self.generated_tokens = 0  # every token any fake engine produced
+        self.max_roles_held = 0
+        self.trained_steps: list[int] = []
+        self.trained_sequences = 0
+        self.out: deque[tuple[int, m.Message]] = deque()
+        self.sent: list[tuple[int, m.Message]] = []
+        self._answer = answer_ids or [7, 8, 9]
+
+    # ------------------------------------------------------------------ controller side
+    def send(self, device: int, msg: m.Message) -> None:
+        msg = m.decode(msg.to_json())
+        self.sent.append((device, msg))
+        getattr(self, f"_{msg.kind}")(device, msg)
+
+    def recv(self, timeout_s: float) -> list[tuple[int, m.Message]]:
+        self._iterate()
+        out = list(self.out)
+        self.out.clear()
+        return [(d, m.decode(msg.to_json())) for d, msg in out]
+
+    # ------------------------------------------------------------------ worker behaviour
+    def _reply(self, device: int, cls: type, **fields: object) -> None:
+        self.max_roles_held = max(self.max_roles_held, len(self.held[device]))
+        self.out.append((device, cls(device=device, roles_held=list(self.held[device]), **fields)))
+
+    def _report(self, role: str, direction: str, device: int) -> dict:
+        return {"role": role, "direction": direction, "version": self.gps_version, "seconds": 0.01,
+                "temporary_bytes": 1, "temporary_s": 0.0, "parameters_bytes": 1, "parameters_s": 0.01,
+                "offloadable_bytes": 0, "offloadable_s": 0.0, "preserved_bytes": 0, "preserved_s": 0.0}
+
+    def _StartReplica(self, device: int, msg: m.StartReplica) -> None:
+        assert not self.held[device], f"device {device} already holds {self.held[device]}"
+        version = self.gps_version if msg.role == "rollout" else 0
+        if msg.min_version is not None:
+            assert version >= msg.min_version
+        self.held[device] = [msg.role]
+        self.replicas[msg.replica_id] = FakeReplica(msg.replica_id, msg.role, device, version)
+        self._reply(device, m.ReplicaUp, replica_id=msg.replica_id, role=msg.role, version=version,
+                    kv_capacity_tokens=100_000, report=self._report(msg.role, "up", device))
+
+    def _AddSequences(self, device: int, msg: m.AddSequences) -> None:
+        rep = self.replicas[msg.replica_id]
+        for s in msg.seqs:
+            assert s.seq_id not in rep.seqs, f"seq {s.seq_id} added twice to replica {rep.replica_id}"
+            assert all(s.seq_id not in r.seqs for r in self.replicas.values() if r.role == rep.role), \
+                f"{rep.role} seq {s.seq_id} runs on two replicas"
+            rep.seqs[s.seq_id] = (list(s.generated_ids), s.max_tokens)
+
+    def _AbortSequences(self, device: int, msg: m.AbortSequences) -> None:
+        rep = self.replicas[msg.replica_id]
+        partial = [(s, rep.seqs.pop(s)[0]) for s in msg.seq_ids if s in rep.seqs]
+        self._reply(device, m.Aborted, replica_id=msg.replica_id, partial=partial)
+
+    def _StopReplica(self, device: int, msg: m.StopReplica) -> None:
+        rep = self.replicas.pop(msg.replica_id)
+        if rep.seqs:
+            self._reply(device, m.Aborted, replica_id=rep.replica_id, partial=[(s, g) for s, (g, _) in rep.seqs.items()])
+        self.held[device] = []
+        self._reply(device, m.ReplicaDown, replica_id=rep.replica_id, report=self._report(rep.role, "down", device))
+
+    def _LoadVersion(self, device: int, msg: m.LoadVersion) -> None:
+        rep = self.replicas[msg.replica_id]
+        rep.version = self.gps_version
+        assert rep.version >= msg.version
+        self._reply(device, m.Reloaded, replica_id=rep.replica_id, version=rep.version, seconds=0.01)
+
+    def _Train(self, device: int, msg: m.Train) -> None:
+        report = None
+        if device not in self.training_up:
+            assert not self.held[device], f"training on device {device}, which holds {self.held[device]}"
+            self.training_up.add(device)
+            self.held[device] = ["training"]
+            report = self._report("training", "up", device)
+        self.trained_steps.append(msg.step)
+        self.trained_sequences += len(msg.response_ids)
+        self._reply(device, m.Trained, step=msg.step, stats={"loss": 0.0, "seconds": 0.01}, report=report)
+
+    def _GpsWrite(self, device: int, msg: m.GpsWrite) -> None:
+        assert msg.version == self.gps_version + (1 if device == 0 else 0) or msg.version == self.gps_version
+        if device == 0:
+            self.gps_version = msg.version
+        self._reply(device, m.Written, version=msg.version, seconds=0.01)
+
+    def _StopTraining(self, device: int, msg: m.StopTraining) -> None:
+        self.training_up.discard(device)
+        self.held[device] = []
+        self._reply(device, m.TrainingDown, report=self._report("training", "down", device))
+
+    def _SavePolicy(self, device: int, msg: m.SavePolicy) -> None:
+        self._reply(device, m.Saved, path=msg.path, version=self.gps_version)
+
+    def _Shutdown(self, device: int, msg: m.Shutdown) -> None:
+        self._reply(device, m.Bye)
+
+    def _iterate(self) -> None:
+        for rep in list(self.replicas.values()):
+            if not rep.seqs:
+                continue
+            tokens, finished = [], []
+            for seq_id, (gen, max_tokens) in list(rep.seqs.items()):
+                length = 3 + seq_id % 5 if rep.role == "rollout" else 2 + seq_id % 3
+                gen.append(self._answer[len(gen) % len(self._answer)])
+                self.generated_tokens += 1
+                if len(gen) >= min(length, max_tokens):
+                    del rep.seqs[seq_id]
+                    finished.append(m.FinishedSeq(seq_id=seq_id, token_ids=list(gen), finish_reason="stop"))
+                else:
+                    tokens.append((seq_id, [gen[-1]]))
+            self._reply(rep.device, m.Progress, replica_id=rep.replica_id, tokens=tokens, finished=finished,
+                        num_running_seqs=len(rep.seqs), kv_used_tokens=10 * len(rep.seqs),
+                        num_new_tokens=len(tokens) + len(finished), latency_s=0.001, num_steps=1,
+                        version=rep.version)
