@@ -350,20 +350,29 @@ class RuntimeCluster:
 
     # ------------------------------------------------------------------ metrics
     def _emit_step(self, step: int) -> None:
+        """One metrics row per published version: this step's rewards and staleness, the tokens and
+        shifts since the previous row, and the run's totals so far."""
         now = self.clock.now()
+        prev = self._last_step_row
+        since = now - prev.get("time_s", 0.0)
         stats = self.train_stats.get(step, [])
         row: dict[str, Any] = {"step": step, "version": step + 1, "time_s": now, **self.book.step_metrics(step)}
         if stats:
             row["loss"] = stats[0].get("loss")
             row["train_seconds"] = max(s.get("seconds", 0.0) for s in stats)
-        row["tokens_by_role"] = dict(self.tokens_by_role)
-        row["tps_by_role"] = {r: (self.tokens_by_role[r] / self.engine_seconds[r] if self.engine_seconds[r] else 0.0)
-                              for r in INFERENCE_ROLES}
-        total = sum(self.tokens_by_role.values())
-        row["tps_overall"] = total / now if now > 0 else 0.0
-        last = self._last_step_row.get("num_shift_reports", 0)
-        row["shifts"] = self.shift_reports[last:]
+        totals = {r: self.tokens_by_role[r] for r in INFERENCE_ROLES}
+        before = prev.get("tokens_total_by_role", {r: 0 for r in INFERENCE_ROLES})
+        row["tokens_by_role"] = {r: totals[r] - before[r] for r in INFERENCE_ROLES}
+        row["tps_by_role"] = {r: row["tokens_by_role"][r] / since if since > 0 else 0.0 for r in INFERENCE_ROLES}
+        row["tps_overall"] = sum(row["tokens_by_role"].values()) / since if since > 0 else 0.0
+        row["engine_tps_by_role"] = {r: totals[r] / self.engine_seconds[r] if self.engine_seconds[r] else 0.0
+                                     for r in INFERENCE_ROLES}  # tokens per second of engine-step time
+        row["tokens_total_by_role"] = totals
+        row["tps_run"] = sum(totals.values()) / now if now > 0 else 0.0  # end-to-end so far (§8.1)
+        first = prev.get("num_shift_reports", 0)
+        row["shifts"] = self.shift_reports[first:]
         row["num_shift_reports"] = len(self.shift_reports)
+        row["num_plans"] = len(self.plane.shifts)
         row["devices_by_role"] = self.plane.devices_by_role()
         self._last_step_row = row
         self.on_step(row)

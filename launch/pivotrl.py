@@ -1,0 +1,58 @@
+"""PivotRL: RL post-training with a GenRM where devices shift between rollout, reward and training.
+
+    torchrun --standalone --nproc_per_node=4 launch/pivotrl.py [--config FILE] [key=value ...]
+
+Every torchrun rank stands for one device; rank 0 also runs the controller. The default config is
+the embedded tiny policy + tiny GenRM on CPU (``launch/configs/default.yaml``); ``key=value``
+overrides any field (``deployment.kind=disaggregated``, ``data.path=dapo-math-17k.parquet``, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CONFIG = HERE / "configs" / "default.yaml"
+if sys.path and Path(sys.path[0] or ".").resolve() == HERE:
+    sys.path.pop(0)  # this script's folder would shadow the ``pivotrl`` package with this very file
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="launch/pivotrl.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: the embedded one)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from pivotrl.runtime.config import ConfigError, load_config
+
+    try:  # every rank validates the same config, so a bad one stops the job before any worker starts
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"pivotrl: bad config: {err}", file=sys.stderr)
+        return 2
+    from pivotrl.runtime.pipeline import run, setup_process_env
+
+    setup_process_env(int(os.environ.get("LOCAL_RANK", "0")), cfg.gps.transport)
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        print("pivotrl: start me with torchrun, e.g. torchrun --standalone --nproc_per_node="
+              f"{cfg.cluster.devices_per_node} launch/pivotrl.py", file=sys.stderr)
+        return 2
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    try:
+        result = run(cfg)
+    finally:
+        dist.destroy_process_group()
+    return 1 if result.error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

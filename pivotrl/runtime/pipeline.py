@@ -1,0 +1,254 @@
+"""The whole pipeline under torchrun (§4, §8.1): every rank a device, rank 0 also the controller.
+
+``run(cfg)`` is what ``launch/pivotrl.py`` calls on every rank once torch.distributed is up:
+
+1. process groups (GPS over all ranks, DDP over the fixed training set, vLLM's own groups), the
+   embedded checkpoints (built once by rank 0), GPS with the policy (writable) and the GenRM;
+2. rank 0 starts the controller thread (``controller.RuntimeCluster`` driving the shared control
+   plane) and creates the run folder; every rank then runs its ``worker.Worker`` loop;
+3. at the end the controller saves the final policy (an HF checkpoint), writes the summary and stops
+   the workers; a failure anywhere stops every worker and the launcher exits non-zero.
+
+Invariant: every collective (group creation, GPS registration, the address exchange, GPS writes,
+the final barrier) is entered by every rank in the same order.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run", "RunResult", "setup_process_env"]
+
+
+@dataclass(kw_only=True, slots=True)
+class RunResult:
+    folder: Path | None = None  # the run folder (rank 0)
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def setup_process_env(local_rank: int, transport: str) -> None:
+    """Environment every rank needs before vLLM, NIXL or torch threads start (see DESIGN.md)."""
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in the worker process
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # one engine start per shift: keep the console readable
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(local_rank % cores))
+    if transport == "nixl":
+        os.environ.setdefault("UCX_TLS", "self,sm")  # DRAM to DRAM between processes of one machine
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+
+def run(cfg: Any) -> RunResult:
+    """Run the pipeline of ``cfg`` (a ``PipelineConfig``) on this rank; see the module docstring."""
+    import torch
+    import torch.distributed as dist
+
+    from pivotrl.roles.engine import init_engine_groups
+    from pivotrl.runtime.bus import ControllerBus, WorkerBus, exchange_address
+    from pivotrl.runtime.worker import Worker
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % cfg.cluster.devices_per_node))
+    if world != cfg.num_devices:
+        raise RuntimeError(f"cluster: WORLD_SIZE is {world} but cluster.num_nodes x cluster.devices_per_node = "
+                           f"{cfg.num_devices}; start torchrun with --nnodes={cfg.cluster.num_nodes} "
+                           f"--nproc_per_node={cfg.cluster.devices_per_node}")
+    torch.manual_seed(cfg.run.seed)
+    torch.set_num_threads(1)
+    init_engine_groups(local_rank)
+    training = training_device_ids(cfg)
+    gps_group = dist.new_group(list(range(world)), backend="gloo")
+    training_group = dist.new_group(list(training), backend="gloo")
+    policy_path, genrm_path = _checkpoints(cfg, rank)
+    gps = _gps(cfg, gps_group, rank, policy_path, genrm_path)
+    result = RunResult()
+    thread, box = None, {}
+    if rank == 0:
+        bus = ControllerBus()
+        box["address"] = bus.address
+        thread = threading.Thread(target=_controller, args=(cfg, bus, policy_path, genrm_path, training, result),
+                                  name="pivotrl-controller", daemon=True)
+    address = exchange_address(box.get("address"))
+    if thread is not None:
+        thread.start()
+    spec = _worker_spec(cfg, rank, policy_path, genrm_path, training)
+    with WorkerBus(address, rank) as wbus:
+        Worker(spec, wbus, gps, training_group if rank in training else None).run()
+    if thread is not None:
+        thread.join(timeout=300)
+    gps.close()  # collective: peers may still read this rank's GPS copy one-sidedly
+    for group in (training_group, gps_group):
+        dist.destroy_process_group(group)
+    return result
+
+
+def training_device_ids(cfg: Any) -> tuple[int, ...]:
+    """The fixed training set: the last ``num_training_devices`` devices (the deployments' convention)."""
+    n, k = cfg.num_devices, cfg.num_training_devices
+    return tuple(range(n - k, n))
+
+
+# ---------------------------------------------------------------------- set-up
+def _checkpoints(cfg: Any, rank: int) -> tuple[Path, Path]:
+    """Model folders; "tiny" builds the embedded checkpoints (rank 0 first, the others reuse them)."""
+    import torch.distributed as dist
+
+    from pivotrl.roles.tiny import ensure_tiny_checkpoints
+
+    tiny = None
+    if "tiny" in (cfg.models.policy, cfg.models.genrm):
+        if rank == 0:
+            tiny = ensure_tiny_checkpoints()
+        dist.barrier()
+        if rank != 0:
+            tiny = ensure_tiny_checkpoints()
+    policy = tiny.policy_path if cfg.models.policy == "tiny" else Path(cfg.models.policy)  # type: ignore[union-attr]
+    genrm = tiny.genrm_path if cfg.models.genrm == "tiny" else Path(cfg.models.genrm)  # type: ignore[union-attr]
+    return Path(policy), Path(genrm)
+
+
+def _gps(cfg: Any, group: Any, rank: int, policy: Path, genrm: Path) -> Any:
+    from pivotrl.gps.store import GlobalParameterStorage
+
+    gps = GlobalParameterStorage(cfg.gps_config(), group=group)
+    is_host = rank % cfg.cluster.devices_per_node == 0  # the first rank of each node holds its copy
+    gps.register("policy", checkpoint_tensors(policy, real=is_host), writable=True)
+    gps.register("genrm", checkpoint_tensors(genrm, real=is_host), writable=False)
+    return gps
+
+
+def checkpoint_tensors(path: Path, *, real: bool) -> dict[str, Any]:
+    """A checkpoint's tensors (``real``) or meta tensors of the same shapes and dtypes (ranks without a copy)."""
+    import torch
+    from safetensors import safe_open
+
+    out: dict[str, Any] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                if real:
+                    out[name] = f.get_tensor(name)
+                else:
+                    t = f.get_slice(name)
+                    dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[t.get_dtype()]
+                    out[name] = torch.empty(t.get_shape(), dtype=dtype, device="meta")
+    if not out:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    return out
+
+
+def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple[int, ...]) -> Any:
+    from dataclasses import replace
+
+    from pivotrl.roles.engine import EngineConfig
+    from pivotrl.roles.tiny import load_tokenizer
+    from pivotrl.runtime.worker import WorkerSpec
+
+    def engine(section: Any, path: Path, seed: int) -> EngineConfig:
+        return EngineConfig(model_path=str(path), dtype=section.dtype, max_model_len=section.max_model_len,
+                            kv_cache_bytes=section.kv_cache_bytes, gpu_memory_utilization=section.gpu_memory_utilization,
+                            seed=seed)
+
+    pad = load_tokenizer(policy).pad_token_id
+    trainer = replace(cfg.trainer, pad_token_id=pad if pad is not None else cfg.trainer.pad_token_id)
+    return WorkerSpec(device_id=rank, policy_path=str(policy), genrm_path=str(genrm),
+                      rollout_engine=engine(cfg.rollout, policy, cfg.run.seed),
+                      reward_engine=engine(cfg.genrm, genrm, cfg.run.seed + 1), trainer=trainer,
+                      training_device_ids=training)
+
+
+# ---------------------------------------------------------------------- the controller thread
+def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult) -> None:
+    from pivotrl.runtime import messages as m
+    from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line
+
+    folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
+    result.folder = folder.path
+    cluster = None
+    started = time.monotonic()
+    try:
+        with Progress(cfg.run.num_steps, enabled=cfg.run.progress) as progress:
+            def on_step(row: dict[str, Any]) -> None:
+                folder.append_metrics(row)
+                progress.step_done(num_tokens=sum(row["tokens_total_by_role"].values()), elapsed_s=row["time_s"],
+                                   num_shifts=len(cluster.plane.shifts) if cluster else 0)
+
+            cluster = build_cluster(cfg, bus, policy, genrm, on_step)
+            cluster.run()
+        seconds = cluster.clock.now()
+        saved = cluster.save_policy(str(folder.policy_dir), device=training[0])
+        tokens = sum(cluster.tokens_by_role.values())
+        result.summary = {"tps": tokens / seconds, "generated_tokens": tokens, "seconds": seconds,
+                          "num_steps": cfg.run.num_steps, "num_plans": len(cluster.plane.shifts),
+                          "num_shift_reports": len(cluster.shift_reports), "policy_version": saved.version,
+                          "policy_dir": saved.path, "deployment": cfg.deployment.name,
+                          "tokens_by_role": dict(cluster.tokens_by_role),
+                          "occupancy_violations": cluster.occupancy_violations,
+                          "rewards": cluster.book.run_rewards.as_dict()}
+        folder.write_summary(result.summary)
+        print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
+        cluster.shutdown()
+    except BaseException as err:  # noqa: BLE001 (any failure must stop the workers)
+        result.error = f"{type(err).__name__}: {err}"
+        (folder.path / "error.txt").write_text(traceback.format_exc())
+        print(f"pivotrl: run failed after {time.monotonic() - started:.1f} s: {result.error} "
+              f"(details in {folder.path / 'error.txt'})", flush=True)
+        for d in range(cfg.num_devices):
+            try:
+                bus.send(d, m.Shutdown())
+            except Exception:  # noqa: BLE001 (a dead worker; torchrun reports it)
+                pass
+    finally:
+        time.sleep(0.2)
+        bus.close()
+
+
+def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -> Any:
+    """The controller's ``RuntimeCluster`` for ``cfg`` (its control plane, book and roles)."""
+    from pivotrl.control import make_deployment
+    from pivotrl.roles.tiny import load_tokenizer
+    from pivotrl.runtime.book import RolloutBook
+    from pivotrl.runtime.config import load_prompts
+    from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
+    from pivotrl.shifting.adapters import kv_bytes_per_token
+
+    tokenizer = load_tokenizer(policy)
+    book = RolloutBook(load_prompts(cfg), tokenizer, prompts_per_step=cfg.data.prompts_per_step,
+                       group_size=cfg.data.group_size, seed=cfg.run.seed, reward=cfg.reward,
+                       genrm_prompt_tokens=cfg.genrm.max_model_len - cfg.genrm.max_tokens)
+    kv = {role: _kv_tokens(section, path, kv_bytes_per_token(path, section.dtype))
+          for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
+    spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,
+                          timeout_s=cfg.run.timeout_s, kv_capacity_tokens=kv,
+                          sampling={"rollout": Sampling(max_tokens=cfg.rollout.max_tokens,
+                                                        temperature=cfg.rollout.temperature),
+                                    "reward": Sampling(max_tokens=cfg.genrm.max_tokens,
+                                                       temperature=cfg.genrm.temperature)},
+                          belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF})
+    staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
+    return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
+                          num_steps=cfg.run.num_steps, staleness=staleness, on_step=on_step)
+
+
+def _kv_tokens(section: Any, path: Path, per_token: int) -> int:
+    if section.kv_cache_bytes is None:
+        return section.max_model_len * 64  # sized by utilization: assume room for 64 full sequences
+    return max(section.max_model_len, section.kv_cache_bytes // per_token)
+
+
+def _belief() -> Any:
+    from pivotrl.scheduler import ThroughputModel
+
+    # Decode latency of a tiny 2-layer engine on one CPU core (≈ 4k tokens/s at 32 sequences); refined
+    # by the measured per-replica throughput the monitor reads.
+    return ThroughputModel(A=2e-8, B=2e-3, C=2.5e-4, D=2e-3)
+
+
+CPU_TINY_BELIEF = _belief()
