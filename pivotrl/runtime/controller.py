@@ -144,6 +144,7 @@ class RuntimeCluster:
         self.engine_seconds: dict[str, float] = defaultdict(float)
         self.published_version = 0
         self.train_stats: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        self.trained_sequences: dict[int, int] = {}  # step -> sequences sent to the trainer
         self._pending_up: dict[int, tuple[InferenceRole, tuple[int, ...]]] = {}
         self._role_by_replica: dict[int, InferenceRole] = {}
         self._pending_down: set[int] = set()
@@ -201,6 +202,7 @@ class RuntimeCluster:
     def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
         self._training = device_ids
         for device, shard in zip(device_ids, self.book.batch_shards(step, len(device_ids))):
+            self.trained_sequences[step] = self.trained_sequences.get(step, 0) + len(shard["response_ids"])
             self.bus.send(device, m.Train(step=step, **shard))
         self.clock.call_at(self.clock.now(), self.plane.training_started)
 
@@ -376,6 +378,36 @@ class RuntimeCluster:
         row["devices_by_role"] = self.plane.devices_by_role()
         self._last_step_row = row
         self.on_step(row)
+
+    def accounting(self) -> dict[str, Any]:
+        """What the tests and the summary check: counts per step from the ledger, the book and the
+        workers' own reports (engine tokens, trainer tokens, roles held)."""
+        ledger, book = self.plane.ledger, self.book
+        steps = range(ledger.num_steps)
+        return {
+            "rollouts_done": list(ledger.rollouts_done), "judged": list(ledger.judged), "trained_steps": ledger.trained,
+            "engine_tokens": sum(self.tokens_by_role.values()),
+            "sequence_tokens": sum(len(r.response_ids or ()) + len(r.judgement_ids or ())
+                                   for r in book.records.values()),
+            "trainer_tokens_by_step": [sum(s.get("num_tokens", 0) for s in self.train_stats[k][:1]) for k in steps],
+            "kept_response_tokens_by_step": [sum(len(r.response_ids or ()) for r in book.records.values()
+                                                 if r.step == k and r.reward is not None and r.reward.total is not None)
+                                             for k in steps],
+            "trained_sequences_by_step": [self.trained_sequences.get(k, 0) for k in steps],
+            "max_roles_held": max((len(v) for v in self.roles_held.values()), default=0),
+            "time_breakdown": self.time_breakdown(),
+        }
+
+    def time_breakdown(self) -> dict[str, float]:
+        """Where device time went: engine iterations per role, shifts (all context kinds), training
+        steps, and the rest (idle: waiting for work, for messages, or for another role's shift)."""
+        device_s = self.clock.now() * self.spec.num_devices
+        engine = {f"engine_{r}_s": self.engine_seconds[r] for r in INFERENCE_ROLES}
+        shift_s = sum(r.get("seconds", 0.0) for r in self.shift_reports)
+        train_s = sum(s.get("seconds", 0.0) for stats in self.train_stats.values() for s in stats)
+        busy = sum(engine.values()) + shift_s + train_s
+        return {"device_s": device_s, **engine, "shift_s": shift_s, "train_s": train_s,
+                "idle_s": max(device_s - busy, 0.0)}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:

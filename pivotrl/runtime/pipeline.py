@@ -191,7 +191,7 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                           "policy_dir": saved.path, "deployment": cfg.deployment.name,
                           "tokens_by_role": dict(cluster.tokens_by_role),
                           "occupancy_violations": cluster.occupancy_violations,
-                          "rewards": cluster.book.run_rewards.as_dict()}
+                          "rewards": cluster.book.run_rewards.as_dict(), **cluster.accounting()}
         folder.write_summary(result.summary)
         print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
         cluster.shutdown()

