@@ -12,6 +12,9 @@ PURE_MODULES = [
     "pivotrl.gps.placement",
     "pivotrl.gps.plan",
     "pivotrl.sim",
+    "pivotrl.control",
+    "pivotrl.runtime.book",
+    "pivotrl.runtime.controller",
 ]
 
 BLOCKER = """

@@ -1,0 +1,123 @@
+"""The role driver: scheduler actions carried out on replica backends; engine progress fed back both
+ways (``advance`` for simulated replicas, ``set_generated`` for real engines) gives the same state."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pivotrl.control import DriverError, RoleDriver, RoleSpec
+from pivotrl.scheduler import ThroughputModel
+
+MODEL = ThroughputModel(A=1e-6, B=5e-3, C=2e-4, D=2e-3)
+
+
+class Engine:
+    """A replica backend that keeps its own token counts (as an engine would)."""
+
+    def __init__(self, replica_id: int, log: list) -> None:
+        self.replica_id, self.device_ids = replica_id, (replica_id,)
+        self.generated: dict[int, int] = {}
+        self.log = log
+
+    def join(self, seq_id: int, generated_tokens: int) -> None:
+        assert seq_id not in self.generated
+        self.generated[seq_id] = generated_tokens
+        self.log.append(("join", self.replica_id, seq_id, generated_tokens))
+
+    def leave(self, seq_id: int) -> int:
+        self.log.append(("leave", self.replica_id, seq_id))
+        return self.generated.pop(seq_id)
+
+    def settle(self) -> None:
+        self.log.append(("settle", self.replica_id))
+
+    def throughput_tps(self) -> float:
+        return 0.0
+
+    def decode(self, n: int) -> None:
+        for s in self.generated:
+            self.generated[s] += n
+
+
+def _driver(kv: int) -> tuple[RoleDriver, list]:
+    return RoleDriver(RoleSpec(role="rollout", tp=1, model=MODEL, kv_capacity_tokens=kv)), []
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_seqs=st.integers(1, 30), kv=st.integers(400, 3000), script=st.lists(st.integers(0, 99), max_size=40),
+       migrate=st.booleans())
+def test_advance_and_set_generated_drive_the_scheduler_alike(num_seqs: int, kv: int, script: list[int],
+                                                            migrate: bool) -> None:
+    (a, log_a), (b, log_b) = _driver(kv), _driver(kv)
+    engines = {name: {} for name in "ab"}
+    next_id = 0
+
+    def up(driver: RoleDriver, name: str, rid: int, log: list) -> None:
+        engines[name][rid] = Engine(rid, log)
+        driver.add_replicas([engines[name][rid]], migrate=migrate)
+
+    for driver, name, log in ((a, "a", log_a), (b, "b", log_b)):
+        up(driver, name, 0, log)
+        driver.submit([(s, 50 + 7 * s % 90) for s in range(num_seqs)])
+    next_id = 1
+    for op in script:
+        kind = op % 4
+        if kind == 0:  # one decode iteration everywhere: advance (simulated) vs exact counts (real)
+            for rid, eng in engines["a"].items():
+                eng.decode(1)
+                if eng.generated:
+                    a.advance(rid, 1)
+            for eng in engines["b"].values():
+                eng.decode(1)
+                for s, g in eng.generated.items():
+                    b.set_generated(s, g)
+        elif kind == 1:  # shift up one replica
+            for driver, name, log in ((a, "a", log_a), (b, "b", log_b)):
+                up(driver, name, next_id, log)
+            next_id += 1
+        elif kind == 2 and len(a.replicas) > 1:  # shift down the oldest replica
+            rid = min(a.replicas)
+            for driver, name in ((a, "a"), (b, "b")):
+                driver.remove_replicas([rid], migrate=migrate)
+                assert not engines[name].pop(rid).generated  # evacuated
+        elif kind == 3:  # the first running sequence finishes
+            running = sorted(s for eng in engines["a"].values() for s in eng.generated)
+            if running:
+                s = running[0]
+                for driver, name in ((a, "a"), (b, "b")):
+                    for eng in engines[name].values():
+                        eng.generated.pop(s, None)
+                    driver.finish(s)
+                a.dispatch(), b.dispatch()
+        for driver, name in ((a, "a"), (b, "b")):
+            driver.scheduler.check_invariants()
+            for rid in driver.replicas:  # the backend holds exactly what the scheduler places there
+                held = {s.seq_id: s.generated_tokens for s in driver.scheduler.sequences_on(rid)}
+                assert held == engines[name][rid].generated
+    assert log_a == log_b  # the same actions reached the engines, whichever way progress came back
+    assert sorted(s.seq_id for s in a.scheduler.queue) == sorted(s.seq_id for s in b.scheduler.queue)
+
+
+def test_a_backend_that_disagrees_is_reported() -> None:
+    driver, log = _driver(10_000)
+    eng = Engine(0, log)
+    driver.add_replicas([eng])
+    driver.submit([(1, 100)])
+    eng.decode(5)  # the engine generated, nobody told the scheduler
+    with pytest.raises(DriverError, match="seq 1: replica 0 has 5 generated tokens, the scheduler 0"):
+        driver.remove_replicas([0])
+    with pytest.raises(DriverError, match="unknown replica"):
+        driver.remove_replicas([9])
+
+
+def test_restart_without_migration_discards_tokens() -> None:
+    driver, log = _driver(10_000)
+    e0, e1 = Engine(0, log), Engine(1, log)
+    driver.add_replicas([e0])
+    driver.submit([(1, 100), (2, 100)])
+    e0.decode(4)
+    driver.advance(0, 4)
+    driver.add_replicas([e1], migrate=False)
+    driver.remove_replicas([0], migrate=False)
+    assert e1.generated == {1: 0, 2: 0} and driver.discarded_tokens == 8
