@@ -5,11 +5,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+ARGS ?=
 
-.PHONY: test install clean-venv
+.PHONY: test run install clean-venv
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The main job on the embedded default: 4 worker processes (one per device) on this machine.
+# ARGS takes key=value overrides, e.g. make run ARGS="deployment.kind=disaggregated run.num_steps=5".
+run: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=4 launch/pivotrl.py $(ARGS)
 
 install: $(STAMP)
 
