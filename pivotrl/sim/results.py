@@ -12,21 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pivotrl.planner.benefit import overall_throughput  # Eq. 1, defined once
+
 if TYPE_CHECKING:
     from pivotrl.sim.engine import Simulator
     from pivotrl.sim.roles import MigrationRecord
 
 __all__ = ["TimelinePoint", "SimResult", "overall_throughput"]
-
-
-def overall_throughput(n_rollout: float, t_rollout: float, n_reward: float, t_reward: float) -> float:
-    """Eq. 1: the sequence-weighted harmonic mean of the two roles' throughputs (0 when stuck)."""
-    if n_rollout + n_reward == 0:
-        return 0.0
-    if (n_rollout and t_rollout <= 0) or (n_reward and t_reward <= 0):
-        return 0.0
-    denom = (n_rollout / t_rollout if n_rollout else 0.0) + (n_reward / t_reward if n_reward else 0.0)
-    return (n_rollout + n_reward) / denom
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +32,8 @@ class TimelinePoint:
 
     @property
     def overall_tps(self) -> float:
-        return overall_throughput(self.rollout_seqs, self.rollout_tps, self.reward_seqs, self.reward_tps)
+        return overall_throughput({"rollout": self.rollout_seqs, "reward": self.reward_seqs},
+                                  {"rollout": self.rollout_tps, "reward": self.reward_tps})
 
 
 @dataclass(frozen=True, slots=True)
