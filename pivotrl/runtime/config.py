@@ -1,0 +1,438 @@
+"""Configuration of the ``torchrun launch/pivotrl.py`` pipeline (§8.1 setup, Table 4 allocations).
+
+``PipelineConfig`` holds one dataclass per component, each a section of the YAML file: ``run``,
+``cluster``, ``models``, ``data``, ``deployment`` (:class:`pivotrl.control.config.DeploymentConfig`),
+``rollout`` and ``genrm`` (the engine and sampling settings of each inference role), ``reward``
+(:class:`pivotrl.roles.reward.RewardConfig`), ``trainer`` (:class:`pivotrl.roles.trainer.TrainerConfig`)
+and ``gps``. A ``*Section`` is the part of a component's config a user sets; the runtime completes it
+with facts of the cluster (``engine_config``, ``gps_config``). ``load_config`` merges a YAML file and
+``key=value`` overrides onto the structured schema (omegaconf), so an unknown key or a wrong type fails.
+
+Validation has two levels. Structural (always, no I/O): keys, types, each section's ``__post_init__``
+and the cross-section checks of ``PipelineConfig.__post_init__`` (tp against the node, the deployment
+against the cluster, whole GRPO groups per training device). Runnable (``check_runnable``, reads
+files): checkpoints, the data file, and tp = 1 (this runtime starts one worker process per device).
+``load_config(..., for_cluster_only=True)`` skips the second level: the paper's configs
+(``launch/configs/paper``) validate anywhere but would not run here.
+
+Invariant: every error of this module is a ``ConfigError`` whose message names the dotted key(s) at
+fault, first where there is one (``data.prompts_per_step: ...``), and says what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+
+from pivotrl.control.config import DEPLOYMENT_KINDS, DeploymentConfig
+from pivotrl.roles.data import MAX_ARITHMETIC_PROMPTS, PromptDataset
+from pivotrl.roles.reward import RewardConfig
+from pivotrl.roles.trainer import TrainerConfig
+
+if typing.TYPE_CHECKING:
+    from pivotrl.gps.config import GPSConfig
+    from pivotrl.roles.engine import EngineConfig
+
+__all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EngineSection", "GPSSection", "ModelsConfig",
+           "PipelineConfig", "RunConfig", "TINY", "load_config", "load_prompts"]
+
+TINY = "tiny"  # models.*: the embedded checkpoints of pivotrl.roles.tiny.ensure_tiny_checkpoints()
+DATA_SUFFIXES = (".parquet", ".jsonl")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message starts with the dotted key at fault."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """One run: its name, output folder, seed and length."""
+
+    name: str = "default"  # run folder prefix: <out_dir>/<name>-<UTC time>-<random>/
+    out_dir: str = "runs"  # folder under which run folders are created
+    seed: int = 0  # seeds data order, sampling noise and model init
+    num_steps: int = 3  # RL steps (each: rollout -> GenRM reward -> GRPO training)
+    progress: bool = True  # console progress bar (one line per step when stdout is not a terminal)
+    timeout_s: float = 1800.0  # seconds; the whole run aborts with a message after this
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.fullmatch(self.name):
+            raise ConfigError(f"name: must match {_NAME_RE.pattern} (a folder name), got {self.name!r}")
+        if not self.out_dir:
+            raise ConfigError("out_dir: must be a non-empty path")
+        if self.num_steps < 1:
+            raise ConfigError(f"num_steps: must be >= 1, got {self.num_steps}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"timeout_s: must be a positive finite number of seconds, got {self.timeout_s}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    """The devices of the job; torchrun's WORLD_SIZE must equal ``num_nodes * devices_per_node``."""
+
+    num_nodes: int = 1  # torchrun --nnodes
+    devices_per_node: int = 4  # torchrun --nproc_per_node (one worker process per device)
+
+    def __post_init__(self) -> None:
+        for name in ("num_nodes", "devices_per_node"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelsConfig:
+    """The policy and the GenRM: ``"tiny"`` (embedded checkpoints) or an HF checkpoint folder."""
+
+    policy: str = TINY  # "tiny", or a folder holding config.json and weights
+    genrm: str = TINY  # "tiny", or a folder holding config.json and weights
+    policy_tp: int = 1  # devices per rollout replica; divides cluster.devices_per_node
+    genrm_tp: int = 1  # devices per GenRM replica (an MoE GenRM: its TP = EP degree); divides devices_per_node
+
+    def __post_init__(self) -> None:
+        for name in ("policy", "genrm"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name}: must be {TINY!r} or a checkpoint folder, got an empty string")
+        for name in ("policy_tp", "genrm_tp"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """The prompts and the GRPO batch of one step."""
+
+    path: str | None = None  # a DAPO-Math-17k / AIME-2024-style .parquet or .jsonl; None: built-in arithmetic
+    num_arithmetic_prompts: int = 64  # size of the built-in arithmetic set (used when path is None)
+    prompts_per_step: int = 4  # prompts per RL step; a multiple of the training devices
+    group_size: int = 4  # GRPO responses per prompt
+
+    def __post_init__(self) -> None:
+        if self.path is not None and Path(self.path).suffix not in DATA_SUFFIXES:
+            raise ConfigError(f"path: must end with one of {DATA_SUFFIXES} or be null, got {self.path!r}")
+        if not 1 <= self.num_arithmetic_prompts <= MAX_ARITHMETIC_PROMPTS:
+            raise ConfigError(f"num_arithmetic_prompts: must be in [1, {MAX_ARITHMETIC_PROMPTS}], "
+                              f"got {self.num_arithmetic_prompts}")
+        for name in ("prompts_per_step", "group_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.path is None and self.prompts_per_step > self.num_arithmetic_prompts:
+            raise ConfigError(f"prompts_per_step: must be <= the dataset size (num_arithmetic_prompts = "
+                              f"{self.num_arithmetic_prompts}), got {self.prompts_per_step}")
+
+    @property
+    def seqs_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+@dataclass(kw_only=True, slots=True)
+class EngineSection:
+    """Engine and sampling settings of one inference role (``rollout`` or ``genrm``)."""
+
+    max_tokens: int = 48  # generation budget of one sequence, tokens
+    temperature: float = 1.0  # sampling temperature; 0: greedy
+    max_model_len: int = 1024  # tokens per sequence (prompt + generated); > max_tokens
+    kv_cache_bytes: int | None = 32 * 2**20  # KV cache per replica, bytes; None: gpu_memory_utilization decides
+    gpu_memory_utilization: float = 0.1  # fraction of device memory for the engine when kv_cache_bytes is None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weight and activation dtype
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+        if self.max_model_len <= self.max_tokens:
+            raise ConfigError(f"max_model_len: must exceed max_tokens = {self.max_tokens} (room for the prompt), "
+                              f"got {self.max_model_len}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature: must be a finite number >= 0, got {self.temperature}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ConfigError(f"kv_cache_bytes: must be > 0 or null, got {self.kv_cache_bytes}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype: must be one of float32, bfloat16, float16; got {self.dtype!r}")
+
+    def engine_config(self, *, model_path: str, tp: int, seed: int) -> EngineConfig:
+        """The ``EngineConfig`` of one replica of this role."""
+        from pivotrl.roles.engine import EngineConfig
+
+        return EngineConfig(model_path=model_path, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
+                            gpu_memory_utilization=self.gpu_memory_utilization,
+                            max_model_len=self.max_model_len, tensor_parallel_size=tp, seed=seed)
+
+
+@dataclass(kw_only=True, slots=True)
+class GPSSection:
+    """The Global Parameter Storage settings a user picks (nodes and devices come from ``cluster``)."""
+
+    transport: Literal["nixl", "torch"] = "nixl"  # NIXL (UCX), or torch.distributed as the fallback
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("nixl", "torch"):
+            raise ConfigError(f"transport: must be 'nixl' or 'torch', got {self.transport!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class PipelineConfig:
+    """The whole pipeline; each field is one YAML section."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    deployment: DeploymentConfig  # no default: deployment.kind must be chosen
+    rollout: EngineSection = field(default_factory=EngineSection)
+    genrm: EngineSection = field(default_factory=EngineSection)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    gps: GPSSection = field(default_factory=GPSSection)
+
+    def __post_init__(self) -> None:
+        _check_tp(self)
+        _check_deployment(self)
+        _check_batch(self)
+
+    @property
+    def num_devices(self) -> int:
+        return self.cluster.num_nodes * self.cluster.devices_per_node
+
+    @property
+    def num_training_devices(self) -> int:
+        """The training set: the whole cluster when colocated, else ``deployment.training_devices``."""
+        return self.num_devices if self.deployment.kind == "colocated" else self.deployment.training_devices
+
+    def check_runnable(self) -> None:
+        """Checks that read files, and the limits of this runtime (tp = 1); ``ConfigError`` if any fails."""
+        for key in ("policy_tp", "genrm_tp"):
+            tp = getattr(self.models, key)
+            if tp != 1:
+                raise ConfigError(
+                    f"models.{key}: this runtime runs tp = 1 replicas only (one worker process per device), got "
+                    f"{tp}; a config with tp > 1 describes a GPU cluster and is checked with "
+                    "load_config(..., for_cluster_only=True)")
+        for key, engine in (("policy", self.rollout), ("genrm", self.genrm)):
+            _check_checkpoint(key, getattr(self.models, key), engine, "rollout" if key == "policy" else "genrm")
+        if self.data.path is not None:
+            load_prompts(self)
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML (``load_config`` of this text gives an equal config)."""
+        return OmegaConf.to_yaml(OmegaConf.create(_plain(dataclasses.asdict(self))))
+
+    def gps_config(self) -> GPSConfig:
+        """The ``GPSConfig`` of this cluster."""
+        from pivotrl.gps.config import GPSConfig
+
+        return GPSConfig(transport=self.gps.transport, num_nodes=self.cluster.num_nodes,
+                         devices_per_node=self.cluster.devices_per_node)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, for_cluster_only: bool = False) -> PipelineConfig:
+    """The config in YAML file ``path`` with ``key=value`` ``overrides`` applied, validated.
+
+    ``for_cluster_only``: validate the structure only (no file reads, tp > 1 accepted): for configs of a
+    GPU cluster that this runtime will not run."""
+    merged = OmegaConf.structured(PipelineConfig)
+    for key, value in _leaves(OmegaConf.to_container(_read_yaml(Path(path)), resolve=False)):
+        _merge(merged, OmegaConf.create(_nest(key, value)), where=".".join(map(str, key)))
+    for override in overrides:
+        _merge(merged, _parse_override(override), where=override.partition("=")[0].strip())
+    cfg = _build(merged)
+    if not for_cluster_only:
+        cfg.check_runnable()
+    return cfg
+
+
+def load_prompts(cfg: PipelineConfig) -> PromptDataset:
+    """The deduplicated prompts of ``cfg.data``; ``ConfigError`` naming ``data.path`` if unusable."""
+    data = cfg.data
+    if data.path is None:
+        return PromptDataset.arithmetic(data.num_arithmetic_prompts, seed=cfg.run.seed)
+    path = Path(data.path)
+    if not path.is_file():
+        raise ConfigError(f"data.path: no such file: {str(path)!r} (give a .parquet or .jsonl file, or null for the "
+                          "built-in arithmetic set)")
+    try:
+        dataset = PromptDataset.from_file(path)
+    except Exception as err:  # noqa: BLE001 (any failure to read the file is the file's fault; say so)
+        raise ConfigError(f"data.path: {str(path)!r} cannot be used: {err}") from None
+    if data.prompts_per_step > len(dataset):
+        raise ConfigError(f"data.prompts_per_step: must be <= the dataset size ({len(dataset)} distinct prompts "
+                          f"in {str(path)!r}), got {data.prompts_per_step}")
+    return dataset
+
+
+# ---------------------------------------------------------------- cross-section checks (no I/O)
+def _check_tp(cfg: PipelineConfig) -> None:
+    per_node = cfg.cluster.devices_per_node
+    for key in ("policy_tp", "genrm_tp"):
+        tp = getattr(cfg.models, key)
+        if per_node % tp:
+            raise ConfigError(f"models.{key}: must divide cluster.devices_per_node = {per_node} (a replica lives "
+                              f"on one node), got {tp}")
+
+
+def _check_deployment(cfg: PipelineConfig) -> None:
+    dep, n = cfg.deployment, cfg.num_devices
+    try:
+        dep.check(n, cfg.models.policy_tp, cfg.models.genrm_tp)
+    except ValueError as err:
+        message = re.sub(r"(?<![.\w])(rollout_devices|reward_devices|training_devices)\b", r"deployment.\1", str(err))
+        message = re.sub(r"^deployment: (?=deployment\.)", "", message)
+        raise ConfigError(f"{message} (cluster: {n} devices = cluster.num_nodes {cfg.cluster.num_nodes} x "
+                          f"cluster.devices_per_node {cfg.cluster.devices_per_node}; models.policy_tp "
+                          f"{cfg.models.policy_tp}, models.genrm_tp {cfg.models.genrm_tp})") from None
+    if dep.kind == "shiftable":
+        from pivotrl.planner import STRATEGIES, make_strategy  # the planner registry (pure)
+
+        if dep.strategy in STRATEGIES:
+            try:
+                make_strategy(dep.strategy, **dep.strategy_cfg)
+            except (TypeError, ValueError) as err:
+                raise ConfigError(f"deployment.strategy_cfg: {err}") from None
+
+
+def _check_batch(cfg: PipelineConfig) -> None:
+    num_training = cfg.num_training_devices
+    if cfg.data.prompts_per_step % num_training:
+        where = "the whole cluster (colocated)" if cfg.deployment.kind == "colocated" else "deployment.training_devices"
+        raise ConfigError(f"data.prompts_per_step: must be a multiple of the {num_training} training devices "
+                          f"({where}) so that each training rank gets whole GRPO groups, got "
+                          f"{cfg.data.prompts_per_step}")
+
+
+def _check_checkpoint(key: str, model: str, engine: EngineSection, engine_key: str) -> None:
+    """A checkpoint folder exists, holds config.json, and has room for ``max_model_len`` positions."""
+    if model == TINY:
+        from pivotrl.roles.tiny import TinyBuildSpec
+
+        spec = TinyBuildSpec()
+        max_positions: int | None = (spec.policy if key == "policy" else spec.genrm).max_position_embeddings
+    else:
+        config_json = Path(model) / "config.json"
+        if not config_json.is_file():
+            raise ConfigError(f"models.{key}: must be {TINY!r} or an HF checkpoint folder holding config.json; "
+                              f"{str(config_json)!r} does not exist")
+        try:
+            max_positions = json.loads(config_json.read_text()).get("max_position_embeddings")
+        except (OSError, ValueError, AttributeError) as err:
+            raise ConfigError(f"models.{key}: cannot read {str(config_json)!r}: {err}") from None
+    if isinstance(max_positions, int) and engine.max_model_len > max_positions:
+        raise ConfigError(f"{engine_key}.max_model_len: must be <= {max_positions} (max_position_embeddings of "
+                          f"models.{key}), got {engine.max_model_len}")
+
+
+# ---------------------------------------------------------------- YAML + overrides -> dataclasses
+def _read_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r}: no such file")
+    try:
+        loaded = OmegaConf.load(path)
+    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as err:
+        detail = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise ConfigError(f"config file {str(path)!r}: not valid YAML: {detail}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {str(path)!r}: must be a mapping of sections, got a list")
+    return loaded
+
+
+def _parse_override(override: str) -> DictConfig:
+    key, eq, _ = override.partition("=")
+    if not eq or not key.strip():
+        raise ConfigError(f"override {override!r}: expected key=value, e.g. run.num_steps=5")
+    try:
+        return OmegaConf.from_dotlist([override])
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as err:
+        raise ConfigError(f"{key.strip()}: override {override!r} cannot be parsed: {_first_line(err)}") from None
+
+
+def _leaves(tree: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
+    """(key path, value) of every leaf of a nested dict; an empty dict is a leaf."""
+    if isinstance(tree, dict) and tree:
+        return [leaf for key, value in tree.items() for leaf in _leaves(value, (*prefix, key))]
+    return [(prefix, tree)]
+
+
+def _nest(key: tuple[Any, ...], value: Any) -> Any:
+    for part in reversed(key):
+        value = {part: value}
+    return value
+
+
+def _merge(base: DictConfig, extra: DictConfig, *, where: str) -> None:
+    """Merge ``extra`` into ``base`` in place; one YAML leaf or override at a time, so an error names its key."""
+    try:
+        base.merge_with(extra)
+    except OmegaConfBaseException as err:
+        raise _omegaconf_error(err, where) from None
+    except (TypeError, ValueError, KeyError, AttributeError) as err:  # omegaconf's own, e.g. a dict onto a list
+        raise ConfigError(f"{where}: {_first_line(err)}") from None
+
+
+def _build(merged: DictConfig) -> PipelineConfig:
+    try:
+        container = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        raise _omegaconf_error(err, "config") from None
+    assert isinstance(container, dict)
+    hints = typing.get_type_hints(PipelineConfig)
+    sections = {f.name: _section(f.name, hints[f.name], container[f.name]) for f in dataclasses.fields(PipelineConfig)}
+    return PipelineConfig(**sections)
+
+
+def _section(key: str, cls: type, values: dict[str, Any]) -> Any:
+    """``cls(**values)``; a ``ValueError`` of its ``__post_init__`` becomes a ``ConfigError`` naming ``key``."""
+    try:
+        return cls(**values)
+    except ValueError as err:
+        message = str(err)
+        names = [f.name for f in dataclasses.fields(cls)]
+        if message.startswith((f"{key}.", f"{key}:")):
+            raise ConfigError(message) from None
+        if any(re.match(rf"{name}\b", message) for name in names):
+            raise ConfigError(f"{key}.{message}") from None
+        raise ConfigError(f"{key}: {message}") from None
+
+
+def _omegaconf_error(err: OmegaConfBaseException, where: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or ""
+    if isinstance(err, ConfigKeyError) and key:
+        return ConfigError(_unknown_key_message(key))
+    if isinstance(err, MissingMandatoryValue) and key in ("deployment", "deployment.kind"):
+        return ConfigError(f"deployment.kind: missing; set it to one of {list(DEPLOYMENT_KINDS)}")
+    if isinstance(err, MissingMandatoryValue) and key:
+        return ConfigError(f"{key}: missing; it has no default and must be set")
+    return ConfigError(f"{key or where}: {_first_line(err)}")
+
+
+def _unknown_key_message(key: str) -> str:
+    parent, _, _ = key.rpartition(".")
+    cls: Any = PipelineConfig
+    for part in filter(None, parent.split(".")):
+        cls = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+    valid = ", ".join(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else "(none)"
+    what = f"valid keys of {parent}" if parent else "valid sections"
+    return f"{key}: unknown key; {what}: {valid}"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists (YAML has no tuples)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
