@@ -6,7 +6,7 @@ ROLES = [
     "torch==2.13.0",  # the CPU wheel (2.13.0+cpu) satisfies this; install it first (see Makefile)
     "transformers>=4.51",
     "tokenizers>=0.21",
-    "omegaconf>=2.3",
+    "omegaconf>=2.4",
     "math-verify>=0.7",
     "pyarrow>=15",
 ]
