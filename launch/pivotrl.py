@@ -31,10 +31,12 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from pivotrl.runtime.config import ConfigError, load_config
 
-    try:  # every rank validates the same config, so a bad one stops the job before any worker starts
-        cfg = load_config(args.config, args.overrides)
+    rank = int(os.environ.get("RANK", "0"))
+    try:  # every rank validates the config; rank 0 also reads the files (data, checkpoints), and its
+        # exit makes torchrun stop the others before any worker starts
+        cfg = load_config(args.config, args.overrides, for_cluster_only=rank != 0)
     except ConfigError as err:
-        if int(os.environ.get("RANK", "0")) == 0:
+        if rank == 0:
             print(f"pivotrl: bad config: {err}", file=sys.stderr)
         return 2
     from pivotrl.runtime.pipeline import run, setup_process_env

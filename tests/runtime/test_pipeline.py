@@ -68,3 +68,15 @@ def test_pivotrl_on_two_nodes(tmp_path: Path) -> None:
     job = run_job(tmp_path, SMALL + ["data.prompts_per_step=2"], nnodes=2, nproc=2)
     summary = check_accounting(job, num_steps=2, staleness=1)
     assert summary["num_plans"] >= 1  # the planner shifted devices
+
+
+@pytest.mark.parametrize("override, message", [
+    ("deployment.training_devices=9", "deployment.training_devices must be in [1, 4]"),
+    ("data.path=/no/such/file.parquet", "data.path: no such file"),
+    ("rollout.max_tokenz=3", "rollout.max_tokenz: unknown key"),
+])
+def test_a_bad_config_stops_the_job_at_start_with_one_message(override: str, message: str, tmp_path: Path) -> None:
+    job = run_job(tmp_path, [override], timeout_s=300)
+    assert job.returncode != 0 and job.folder is None
+    assert f"pivotrl: bad config: {message}" in job.output
+    assert "Traceback" not in job.output.split("pivotrl: bad config")[0]  # no worker started, nothing crashed
