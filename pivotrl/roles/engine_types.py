@@ -6,7 +6,7 @@ generated, including those generated on other replicas before a migration.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -26,7 +26,7 @@ class SequenceSampling:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class FinishedSequence:
-    seq_id: str
+    seq_id: int
     prompt_ids: tuple[int, ...]
     token_ids: tuple[int, ...]  # every generated token (incl. those from before a migration, and the stop token)
     finish_reason: str  # "stop" (a stop token) or "length" (max_tokens / max_model_len)
@@ -47,3 +47,4 @@ class IterationProgress:
 class StepResult:
     finished: list[FinishedSequence]
     progress: IterationProgress
+    new_token_ids: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq_id -> tokens this iteration

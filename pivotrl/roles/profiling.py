@@ -20,8 +20,6 @@ from pathlib import Path
 from pivotrl.roles.engine import EngineReplica, SequenceSampling
 from pivotrl.scheduler import ThroughputModel
 
-_SEQ_PREFIX = "profile"
-
 
 @dataclass(kw_only=True, slots=True)
 class ProfileConfig:
@@ -125,7 +123,7 @@ def _measure_point(replica: EngineReplica, config: ProfileConfig, num_seqs: int,
     vocab = replica.llm.llm_engine.vllm_config.model_config.get_vocab_size()
     budget = replica.config.max_model_len - context  # never finish by length while others still prefill
     sampling = SequenceSampling(max_tokens=budget, temperature=config.temperature, stop_token_ids=())
-    seq_ids = [f"{_SEQ_PREFIX}-{num_seqs}-{context}-{i}" for i in range(num_seqs)]
+    seq_ids = list(range(num_seqs))  # the replica is empty and these are aborted before the next point
     for seq_id in seq_ids:
         replica.add(seq_id, [rng.randrange(vocab) for _ in range(context)], sampling=sampling)
     try:

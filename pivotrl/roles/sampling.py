@@ -29,9 +29,9 @@ _M32 = 0xFFFFFFFF
 _ROWS_PER_CHUNK = 32  # bounds the (rows, vocab) int64 temporaries
 
 
-def seq_key(seq_id: str) -> int:
-    """A stable 62-bit integer for a sequence id (same on every process and run)."""
-    return int.from_bytes(hashlib.blake2b(seq_id.encode(), digest_size=8).digest(), "little") >> 2
+def seq_key(seq_id: int) -> int:
+    """A stable 62-bit integer for a sequence id (same on every process and run): a hash of ``str(seq_id)``."""
+    return int.from_bytes(hashlib.blake2b(str(seq_id).encode(), digest_size=8).digest(), "little") >> 2
 
 
 def row_key(seed: int, key: int, position: int) -> int:
@@ -56,7 +56,7 @@ def gumbel_noise(row_keys: torch.Tensor, vocab_hash: torch.Tensor) -> torch.Tens
     return (-torch.log(-torch.log(uniform))).to(torch.float32)
 
 
-def gumbel_args(*, seed: int, seq_id: str, temperature: float) -> dict[str, Any]:
+def gumbel_args(*, seed: int, seq_id: int, temperature: float) -> dict[str, Any]:
     """The ``SamplingParams.extra_args`` entry that turns on migration-invariant sampling."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")

@@ -9,15 +9,16 @@ from pivotrl.roles.engine import EngineReplica, FinishedSequence, SequenceSampli
 pytestmark = pytest.mark.engine
 MAX_TOKENS = 40
 TEMPERATURES = [0.0, 0.7, 1.0, 1.0, 1.3, 1.0]
-PROMPTS = {f"s{i}": [3 + 7 * i, 17, 99 - i, *range(5, 5 + 2 * i)] for i in range(len(TEMPERATURES))}
+PROMPTS = {i: [3 + 7 * i, 17, 99 - i, *range(5, 5 + 2 * i)] for i in range(len(TEMPERATURES))}  # seq_id -> ids
+OTHER = 100  # a seq_id outside PROMPTS
 
 
-def sampling(seq_id: str, **kw: object) -> SequenceSampling:
-    args = {"max_tokens": MAX_TOKENS, "temperature": TEMPERATURES[int(seq_id[1:])], "stop_token_ids": (), **kw}
+def sampling(seq_id: int, **kw: object) -> SequenceSampling:
+    args = {"max_tokens": MAX_TOKENS, "temperature": TEMPERATURES[seq_id], "stop_token_ids": (), **kw}
     return SequenceSampling(**args)
 
 
-def drain(*replicas: EngineReplica) -> dict[str, FinishedSequence]:
+def drain(*replicas: EngineReplica) -> dict[int, FinishedSequence]:
     done = {}
     while any(r.has_unfinished() for r in replicas):
         for r in replicas:
@@ -32,7 +33,7 @@ def replicas(make_replica) -> tuple[EngineReplica, EngineReplica]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(replicas: tuple[EngineReplica, EngineReplica]) -> dict[str, tuple[int, ...]]:
+def uninterrupted(replicas: tuple[EngineReplica, EngineReplica]) -> dict[int, tuple[int, ...]]:
     a, _ = replicas
     for seq_id, prompt in PROMPTS.items():
         a.add(seq_id, prompt, sampling=sampling(seq_id))
@@ -41,7 +42,7 @@ def uninterrupted(replicas: tuple[EngineReplica, EngineReplica]) -> dict[str, tu
     return {s: f.token_ids for s, f in done.items()}
 
 
-def test_sequences_differ_by_seq_id(uninterrupted: dict[str, tuple[int, ...]]) -> None:
+def test_sequences_differ_by_seq_id(uninterrupted: dict[int, tuple[int, ...]]) -> None:
     assert len(set(uninterrupted.values())) == len(PROMPTS)
 
 
@@ -54,7 +55,7 @@ def test_abort_and_resume_elsewhere_matches_uninterrupted(replicas, uninterrupte
     where = {s: 0 for s in PROMPTS}
     for seq_id, prompt in PROMPTS.items():
         engines[0].add(seq_id, prompt, sampling=sampling(seq_id))
-    done: dict[str, FinishedSequence] = {}
+    done: dict[int, FinishedSequence] = {}
     abort_lengths = []
     while any(e.has_unfinished() for e in engines):
         for engine in engines:
@@ -74,10 +75,10 @@ def test_abort_and_resume_elsewhere_matches_uninterrupted(replicas, uninterrupte
 
 
 def test_stop_token_ends_the_sequence(replicas, uninterrupted) -> None:
-    tokens = uninterrupted["s2"]
+    tokens = uninterrupted[2]
     stop = tokens[5]
-    replicas[1].add("s2", PROMPTS["s2"], sampling=sampling("s2", stop_token_ids=(stop,)))
-    finished = drain(replicas[1])["s2"]
+    replicas[1].add(2, PROMPTS[2], sampling=sampling(2, stop_token_ids=(stop,)))
+    finished = drain(replicas[1])[2]
     assert finished.finish_reason == "stop"
     assert finished.token_ids == tokens[: tokens.index(stop) + 1]
 
@@ -86,11 +87,15 @@ def test_progress_counts_running_tokens(replicas) -> None:
     engine = replicas[1]
     for seq_id, prompt in PROMPTS.items():
         engine.add(seq_id, prompt, sampling=sampling(seq_id, max_tokens=8))
-    steps = 0
+    steps, streamed = 0, {s: [] for s in PROMPTS}
     while engine.has_unfinished():
         result = engine.step()
         steps += 1
+        for seq_id, ids in result.new_token_ids.items():
+            streamed[seq_id] += ids
+        assert sum(len(ids) for ids in result.new_token_ids.values()) == result.progress.num_new_tokens
         if engine.has_unfinished():
+            assert all(streamed[s] == engine.seq_tokens(s) for s in engine.seq_ids())
             expected = sum(len(PROMPTS[s]) + len(engine.seq_tokens(s)) for s in PROMPTS)
             assert result.progress.num_running_seqs == engine.num_seqs == len(PROMPTS)
             assert result.progress.kv_used_tokens == expected == engine.kv_used_tokens
@@ -102,23 +107,34 @@ def test_progress_counts_running_tokens(replicas) -> None:
 def test_add_rejects_exhausted_budget_and_duplicates(replicas) -> None:
     engine = replicas[1]
     with pytest.raises(ValueError, match="max_tokens"):
-        engine.add("x", [1, 2], generated_ids=[3] * MAX_TOKENS, sampling=sampling("s0"))
-    engine.add("x", [1, 2], sampling=sampling("s0"))
+        engine.add(OTHER, [1, 2], generated_ids=[3] * MAX_TOKENS, sampling=sampling(0))
+    with pytest.raises(TypeError, match="seq_id must be an int"):
+        engine.add(str(OTHER), [1, 2], sampling=sampling(0))  # type: ignore[arg-type]
+    engine.add(OTHER, [1, 2], sampling=sampling(0))
     with pytest.raises(ValueError, match="already"):
-        engine.add("x", [1, 2], sampling=sampling("s0"))
-    assert list(engine.abort(["x"])) == ["x"] and not engine.has_unfinished()
+        engine.add(OTHER, [1, 2], sampling=sampling(0))
+    assert list(engine.abort([OTHER])) == [OTHER] and not engine.has_unfinished()
 
 
 def test_release_then_recreate_restores_generation(replicas, uninterrupted, tiny) -> None:
+    import torch
+    import torch.distributed as dist
+
     engine = replicas[1]
-    engine.add("s1", PROMPTS["s1"], sampling=sampling("s1"))
+    engine.add(1, PROMPTS[1], sampling=sampling(1))
+    assert engine.seq_ids() == [1]
     with pytest.raises(RuntimeError, match="in flight"):
         engine.release()
-    engine.abort(["s1"])
+    engine.abort([1])
+    group = dist.new_group([0], backend="gloo")  # a caller's group, made after vLLM set up the process's
     assert engine.release() >= 0 and not engine.is_started
+    assert dist.is_initialized()  # vLLM's shutdown would have destroyed every group of the process
+    value = torch.ones(1)
+    dist.all_reduce(value, group=group)
+    assert value.item() == 1.0
     with pytest.raises(RuntimeError, match="released"):
-        engine.add("s1", PROMPTS["s1"], sampling=sampling("s1"))
+        engine.add(1, PROMPTS[1], sampling=sampling(1))
     engine.recreate(load_file(tiny.policy_path / "model.safetensors"))  # dummy start + weight load on CPU
-    for seq_id in ("s1", "s4"):
+    for seq_id in (1, 4):
         engine.add(seq_id, PROMPTS[seq_id], sampling=sampling(seq_id))
-    assert {s: f.token_ids for s, f in drain(engine).items()} == {s: uninterrupted[s] for s in ("s1", "s4")}
+    assert {s: f.token_ids for s, f in drain(engine).items()} == {s: uninterrupted[s] for s in (1, 4)}

@@ -10,7 +10,7 @@ from pivotrl.roles.sampling import GumbelLogitsProcessor, gumbel_args, gumbel_no
 VOCAB = 11
 
 
-def _params(seq_id: str, temperature: float, seed: int = 3) -> SamplingParams:
+def _params(seq_id: int, temperature: float, seed: int = 3) -> SamplingParams:
     return SamplingParams(temperature=0.0, extra_args=gumbel_args(seed=seed, seq_id=seq_id, temperature=temperature))
 
 
@@ -32,7 +32,7 @@ def test_gumbel_max_samples_the_softmax() -> None:
     logits = torch.tensor([0.0, 1.0, -1.0, 2.0, 0.5, 0.0])
     temperature, n = 0.7, 20000
     vocab_hash = hash32(torch.arange(logits.numel(), dtype=torch.int64))
-    keys = torch.tensor([row_key(1, seq_key("s"), p) for p in range(n)], dtype=torch.int64)
+    keys = torch.tensor([row_key(1, seq_key(5), p) for p in range(n)], dtype=torch.int64)
     picks = torch.argmax(logits / temperature + gumbel_noise(keys, vocab_hash), dim=1)
     freq = torch.bincount(picks, minlength=logits.numel()).double() / n
     expected = torch.softmax(logits.double() / temperature, dim=0)
@@ -41,34 +41,36 @@ def test_gumbel_max_samples_the_softmax() -> None:
 
 def test_noise_depends_only_on_seed_seq_and_position() -> None:
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))
-    a = _apply([(_params("x", 1.0), [1, 2], [7]), (_params("y", 1.0), [1], [])], logits)
-    # "x" moved: other batch slot, resumed with its generated token folded into the prompt
-    b = _apply([(_params("z", 0.5), [4], []), (_params("y", 1.0), [1], []), (_params("x", 1.0), [1, 2, 7], [])],
+    a = _apply([(_params(1, 1.0), [1, 2], [7]), (_params(2, 1.0), [1], [])], logits)
+    # seq 1 moved: other batch slot, resumed with its generated token folded into the prompt
+    b = _apply([(_params(3, 0.5), [4], []), (_params(2, 1.0), [1], []), (_params(1, 1.0), [1, 2, 7], [])],
                logits[[2, 1, 0]])
     assert torch.equal(a[0], b[2]) and torch.equal(a[1], b[1])
-    c = _apply([(_params("x", 1.0), [1, 2], [7, 8])], logits[:1])  # next position: other noise
+    c = _apply([(_params(1, 1.0), [1, 2], [7, 8])], logits[:1])  # next position: other noise
     assert not torch.equal(a[0], c[0])
-    d = _apply([(_params("x", 1.0, seed=4), [1, 2], [7])], logits[:1])  # other run seed: other noise
+    d = _apply([(_params(1, 1.0, seed=4), [1, 2], [7])], logits[:1])
+    e = _apply([(_params(2, 1.0), [1, 2], [7])], logits[:1])  # other sequence: other noise
+    assert not torch.equal(a[0], e[0])  # other run seed: other noise
     assert not torch.equal(a[0], d[0])
 
 
 def test_greedy_and_foreign_requests_are_untouched() -> None:
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
-    out = _apply([(_params("g", 0.0), [1], []), (SamplingParams(temperature=0.0), [1], []),
-                  (_params("s", 1.0), [1], [])], logits)
+    out = _apply([(_params(1, 0.0), [1], []), (SamplingParams(temperature=0.0), [1], []),
+                  (_params(2, 1.0), [1], [])], logits)
     assert torch.equal(out[:2], logits[:2]) and not torch.equal(out[2], logits[2])
 
 
 def test_removed_rows_stop_getting_noise() -> None:
     proc = GumbelLogitsProcessor(None, torch.device("cpu"), False)
-    proc.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, _params("x", 1.0), [1], [])], moved=[]))
+    proc.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, _params(1, 1.0), [1], [])], moved=[]))
     proc.update_state(BatchUpdate(batch_size=0, removed=[0], added=[], moved=[]))
     logits = torch.zeros(1, VOCAB)
     assert torch.equal(proc.apply(logits.clone()), logits)
 
 
 def test_request_temperature_must_be_zero() -> None:
-    bad = SamplingParams(temperature=1.0, extra_args=gumbel_args(seed=0, seq_id="a", temperature=1.0))
+    bad = SamplingParams(temperature=1.0, extra_args=gumbel_args(seed=0, seq_id=0, temperature=1.0))
     with pytest.raises(ValueError, match="temperature"):
         GumbelLogitsProcessor.validate_params(bad)
 

@@ -37,7 +37,7 @@ def _engine(path: Path, stack: ExitStack, *, max_model_len: int = 512, dummy: bo
     return stack.enter_context(EngineReplica(config, load_format="dummy" if dummy else "auto"))
 
 
-def _generate(replica: EngineReplica, prompts: dict[str, list[int]], max_tokens: int) -> dict[str, tuple[int, ...]]:
+def _generate(replica: EngineReplica, prompts: dict[int, list[int]], max_tokens: int) -> dict[int, tuple[int, ...]]:
     for seq_id, ids in prompts.items():
         replica.add(seq_id, ids, sampling=SequenceSampling(max_tokens=max_tokens, temperature=1.0))
     done = {}
@@ -80,10 +80,11 @@ class Step:
     """The step's data: prompts per sequence, responses, their groups and rewards."""
 
     records: list[PromptRecord]
-    prompts: dict[str, list[int]]  # seq_id -> prompt ids
-    group_of: dict[str, int]
-    responses: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    rewards: dict[str, Reward] = field(default_factory=dict)
+    prompts: dict[int, list[int]]  # seq_id -> prompt ids
+    group_of: dict[int, int]
+    responses: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    rewards: dict[int, Reward] = field(default_factory=dict)
+    sampled: list[int] = field(default_factory=list)  # seq_ids the rollout role generates
 
     def batch(self) -> GRPOBatch:
         order = sorted(self.responses)
@@ -94,13 +95,20 @@ class Step:
 def _plan_step(tokenizer: Any) -> Step:
     records = list(PromptDataset.arithmetic(2, seed=0))
     slots = make_groups([r.prompt_id for r in records], NUM_RESPONSES)
-    step = Step(records=records, prompts={f"s{s.seq_id}": chat_token_ids(records[s.group_id].messages, tokenizer)
-                                          for s in slots}, group_of={f"s{s.seq_id}": s.group_id for s in slots})
+    step = Step(records=records, prompts={s.seq_id: chat_token_ids(records[s.group_id].messages, tokenizer)
+                                          for s in slots}, group_of={s.seq_id: s.group_id for s in slots},
+                sampled=[s.seq_id for s in slots])
     for g, record in enumerate(records):  # one reference response per group (see the module docstring)
-        step.prompts[f"ref{g}"], step.group_of[f"ref{g}"] = step.prompts[f"s{g * NUM_RESPONSES}"], g
-        step.responses[f"ref{g}"] = tuple(tokenizer.encode(f"Answer: {record.ground_truth}")) + (
+        ref = _reference(step, g)
+        step.prompts[ref], step.group_of[ref] = step.prompts[g * NUM_RESPONSES], g
+        step.responses[ref] = tuple(tokenizer.encode(f"Answer: {record.ground_truth}")) + (
             tokenizer.eos_token_id,)
     return step
+
+
+def _reference(step: Step, group_id: int) -> int:
+    """The seq_id of group ``group_id``'s reference response (after every sampled seq_id)."""
+    return max(step.sampled) + 1 + group_id
 
 
 def _judge(step: Step, reward: EngineRole, tokenizer: Any) -> RewardStats:
@@ -123,7 +131,7 @@ def test_device_walks_rollout_reward_training_and_back(tmp_path: Path, gps: Glob
     tiny: TinyCheckpoints = ensure_tiny_checkpoints()
     tokenizer = load_tokenizer(tiny.policy_path)
     step = _plan_step(tokenizer)
-    sampled = {s: ids for s, ids in step.prompts.items() if s.startswith("s")}
+    sampled = {s: step.prompts[s] for s in step.sampled}
     gps.register("policy", _load_hf(tiny.policy_path), writable=True)
     gps.register("genrm", _load_hf(tiny.genrm_path), writable=False)
     manager = RoleContextManager(gps)
@@ -143,7 +151,7 @@ def test_device_walks_rollout_reward_training_and_back(tmp_path: Path, gps: Glob
     assert up.version == gps.version("genrm") and up.kind("parameters").num_bytes > 0
     stats = _judge(step, reward, tokenizer)
     assert stats.num_judged == len(step.responses) == stats.num_parsed + stats.num_unparsed
-    assert all(step.rewards[f"ref{g}"].verifiable.is_correct for g in range(len(step.records)))
+    assert all(step.rewards[_reference(step, g)].verifiable.is_correct for g in range(len(step.records)))
     manager.shift_down(reward)
     reward.replica.close()
 
