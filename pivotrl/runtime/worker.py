@@ -1,0 +1,431 @@
+"""The worker of one device (§4, §5.2): a loop on its torchrun rank that serves the role the controller
+gives it, one role at a time, and reports back over the bus.
+
+Loop: take every control message (without waiting while an engine has work, else up to 5 ms), run
+one engine iteration of the up replica, send ``Progress`` when due (every ``report_interval_s``, at
+once when a sequence finished), report finished background GPS writes. Roles:
+- rollout / reward: one ``EngineReplica`` per role, created on the first ``StartReplica`` of that role
+  with dummy weights and reused after; shift up Reads its weights from GPS ("policy" / "genrm");
+- training: ``GRPOTrainer`` (DDP over the training group) built on the first ``Train``, shifted up
+  from GPS at the committed version, shifted down by ``StopTraining`` (optimizer offloaded).
+``GpsWrite`` is collective over every rank: each one calls GPS Write in the same order (training ranks
+with the snapshot of their last step, others with nothing); the GPS thread runs it while the loop
+keeps stepping the engine.
+
+Invariants: the device holds at most one role (the ``RoleContextManager`` enforces it, and every
+reply carries the roles it holds); at most one replica is up here; a sequence handed to the worker is
+reported exactly once, finished (``Progress``) or partial (``Aborted``); an exception while handling
+a message becomes a ``WorkerError`` and the loop keeps running (the controller decides).
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from pivotrl.gps.config import WriteHandle
+from pivotrl.gps.layout import Parallelism
+from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling, StepResult
+from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
+from pivotrl.runtime.bus import WorkerBus
+from pivotrl.runtime.messages import (
+    Aborted,
+    AbortSequences,
+    AddSequences,
+    Bye,
+    FinishedSeq,
+    GpsWrite,
+    LoadVersion,
+    Message,
+    Progress,
+    Reloaded,
+    ReplicaDown,
+    ReplicaUp,
+    Saved,
+    SavePolicy,
+    Shutdown,
+    StartReplica,
+    StopReplica,
+    StopTraining,
+    Train,
+    Trained,
+    TrainingDown,
+    WorkerError,
+    WorkerMessage,
+    Written,
+)
+from pivotrl.shifting import RoleContextManager
+from pivotrl.shifting.adapters import EngineRole, TrainingRole
+
+__all__ = ["Worker", "WorkerSpec"]
+
+EngineRoleName = Literal["rollout", "reward"]
+MODEL_OF: dict[str, str] = {"rollout": "policy", "reward": "genrm"}  # GPS model a role serves
+_IDLE_WAIT_S = 0.005
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerSpec:
+    """What one device's worker serves and where its models come from."""
+
+    device_id: int  # this worker's device (== its global rank)
+    policy_path: str  # HF checkpoint folder of the policy (config, tokenizer; the trainer's structure)
+    genrm_path: str  # HF checkpoint folder of the GenRM
+    rollout_engine: EngineConfig  # engine of a rollout replica (model_path = policy_path)
+    reward_engine: EngineConfig  # engine of a reward replica (model_path = genrm_path)
+    trainer: TrainerConfig
+    training_device_ids: tuple[int, ...]  # the fixed training device set
+    report_interval_s: float = 0.02  # at most this long between Progress reports while tokens flow
+
+    def __post_init__(self) -> None:
+        if self.device_id < 0:
+            raise ValueError(f"device_id must be >= 0, got {self.device_id}")
+        ids = tuple(self.training_device_ids)
+        if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+            raise ValueError(f"training_device_ids must be distinct non-negative ids, got {ids}")
+        self.training_device_ids = ids
+        if not self.report_interval_s > 0:
+            raise ValueError(f"report_interval_s must be > 0, got {self.report_interval_s}")
+
+
+@dataclass(slots=True)
+class _ProgressBuffer:
+    """Engine iterations of the up replica not reported yet."""
+
+    last_flush_s: float
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> new tokens (still in flight)
+    finished: list[FinishedSeq] = field(default_factory=list)
+    num_new_tokens: int = 0
+    latency_s: float = 0.0
+    num_steps: int = 0
+    num_running_seqs: int = 0
+    kv_used_tokens: int = 0
+
+    def add(self, result: StepResult) -> None:
+        for seq_id, ids in result.new_token_ids.items():
+            if ids:
+                self.tokens.setdefault(seq_id, []).extend(ids)
+        for f in result.finished:
+            self.tokens.pop(f.seq_id, None)
+            self.finished.append(FinishedSeq(seq_id=f.seq_id, token_ids=list(f.token_ids),
+                                             finish_reason=f.finish_reason))
+        p = result.progress
+        self.num_new_tokens += p.num_new_tokens
+        self.latency_s += p.latency_s
+        self.num_steps += 1
+        self.num_running_seqs, self.kv_used_tokens = p.num_running_seqs, p.kv_used_tokens
+
+    def is_due(self, now_s: float, interval_s: float) -> bool:
+        return bool(self.finished) or (self.num_steps > 0 and now_s - self.last_flush_s >= interval_s)
+
+
+@dataclass(slots=True)
+class _LiveReplica:
+    replica_id: int
+    role: EngineRole
+    version: int  # version of the weights it serves
+    progress: _ProgressBuffer
+    is_stalled: bool = False  # an engine iteration failed: no more steps until it is stopped
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    version: int  # the version the controller asked for
+    handle: WriteHandle
+    started_s: float
+    shards: dict[int, dict[str, torch.Tensor]]  # kept alive until the write is done
+
+
+class Worker:
+    """The loop of one device; ``run()`` returns after ``Shutdown`` (module docstring)."""
+
+    def __init__(self, spec: WorkerSpec, bus: WorkerBus, gps: Any, training_group: Any = None) -> None:
+        if (spec.device_id in spec.training_device_ids and len(spec.training_device_ids) > 1
+                and training_group is None):
+            raise ValueError(f"device {spec.device_id} trains with {spec.training_device_ids}: a training "
+                             "process group is required")
+        if gps.group is not None and not gps.transport.one_sided and gps.config.devices_per_node > 1:
+            raise ValueError(f"GPS transport {gps.transport.name!r} is two-sided: a replica reads its weights on "
+                             "its own rank alone, which needs a one-sided transport ('nixl')")
+        self.spec = spec
+        self.device = spec.device_id
+        self.bus = bus
+        self.gps = gps
+        self.training_group = training_group
+        self.manager = RoleContextManager(gps)
+        self._engines: dict[str, EngineRole] = {}  # role -> its (possibly released) engine role
+        self._live: _LiveReplica | None = None
+        self._training: TrainingRole | None = None
+        self._snapshot: dict[str, torch.Tensor] | None = None  # parameters after the last step
+        self._writes: list[_PendingWrite] = []
+        self._running = False
+        self._handlers = {
+            StartReplica: self._start_replica, AddSequences: self._add_sequences, AbortSequences: self._abort,
+            StopReplica: self._stop_replica, LoadVersion: self._load_version, Train: self._train,
+            GpsWrite: self._gps_write, StopTraining: self._stop_training, SavePolicy: self._save_policy,
+            Shutdown: self._shutdown,
+        }
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        self._running = True
+        while self._running:
+            try:
+                messages = self.bus.recv(0.0 if self._has_work() else _IDLE_WAIT_S)
+            except ValueError as err:
+                self._error("recv", err)
+                messages = []
+            for msg in messages:
+                self._handle(msg)
+                if not self._running:
+                    break
+            if self._running and self._has_work():
+                self._step()
+            self._flush_progress(force=False)
+            self._poll_writes()
+
+    def _handle(self, msg: Message) -> None:
+        handler = self._handlers.get(type(msg))
+        try:
+            if handler is None:
+                raise ValueError(f"{msg.kind} is not a message a worker handles")
+            handler(msg)
+        except Exception as err:  # reported; the controller decides what follows
+            self._error(msg.kind, err)
+
+    def _has_work(self) -> bool:
+        live = self._live
+        return live is not None and not live.is_stalled and live.role.replica.has_unfinished()
+
+    def _step(self) -> None:
+        live = self._live
+        assert live is not None
+        try:
+            live.progress.add(live.role.replica.step())
+        except Exception as err:
+            live.is_stalled = True
+            self._error("step", err)
+
+    # ------------------------------------------------------------------ replies
+    def roles_held(self) -> list[str]:
+        role = self.manager.role_on(self.device)
+        return [] if role is None else [role.role]
+
+    def _send(self, cls: type[WorkerMessage], **fields: Any) -> None:
+        self.bus.send(cls(device=self.device, roles_held=self.roles_held(), **fields))
+
+    def _error(self, where: str, err: BaseException) -> None:
+        lines = traceback.format_exception(type(err), err, err.__traceback__, limit=-4)
+        self._send(WorkerError, where=where, message="".join(lines)[-4000:])
+
+    def _flush_progress(self, *, force: bool) -> None:
+        live = self._live
+        if live is None:
+            return
+        buf = live.progress
+        now = time.perf_counter()
+        if not (buf.is_due(now, self.spec.report_interval_s) or (force and buf.num_steps)):
+            return
+        self._send(Progress, replica_id=live.replica_id, tokens=list(buf.tokens.items()), finished=buf.finished,
+                   num_running_seqs=buf.num_running_seqs, kv_used_tokens=buf.kv_used_tokens,
+                   num_new_tokens=buf.num_new_tokens, latency_s=buf.latency_s, num_steps=buf.num_steps,
+                   version=live.version)
+        live.progress = _ProgressBuffer(last_flush_s=now)
+
+    # ------------------------------------------------------------------ replicas
+    def _start_replica(self, msg: StartReplica) -> None:
+        if len(msg.device_ids) != 1:
+            raise ValueError(f"StartReplica {msg.replica_id}: only tp=1 replicas run in the runtime, got "
+                             f"device_ids {msg.device_ids}")
+        if msg.device_ids[0] != self.device:
+            raise ValueError(f"StartReplica {msg.replica_id}: device_ids {msg.device_ids} sent to device {self.device}")
+        if self._live is not None or self.manager.role_on(self.device) is not None:
+            raise RuntimeError(f"StartReplica {msg.replica_id}: device {self.device} already serves "
+                               f"{self.roles_held()}; shift it down first")
+        role, engine_start_s = self._engine_role(msg.role)
+        report = self.manager.shift_up(role, version=msg.min_version if msg.role == "rollout" else None)
+        assert report.version is not None
+        self._live = _LiveReplica(msg.replica_id, role, report.version, _ProgressBuffer(time.perf_counter()))
+        self._send(ReplicaUp, replica_id=msg.replica_id, role=msg.role, version=report.version,
+                   kv_capacity_tokens=role.replica.kv_capacity_tokens,
+                   report={**report.as_row(), "engine_start_s": engine_start_s})
+
+    def _engine_role(self, role: EngineRoleName) -> tuple[EngineRole, float]:
+        """This device's engine role for ``role`` (created on first use, dummy weights) and the seconds
+        its creation took (0 when reused)."""
+        if role in self._engines:
+            return self._engines[role], 0.0
+        start = time.perf_counter()
+        config = self.spec.rollout_engine if role == "rollout" else self.spec.reward_engine
+        replica = EngineReplica(config, load_format="dummy")
+        self._engines[role] = EngineRole(replica, role=role, model=MODEL_OF[role], devices=(self.device,),
+                                         parallelism=Parallelism())
+        return self._engines[role], time.perf_counter() - start
+
+    def _require_live(self, replica_id: int) -> _LiveReplica:
+        live = self._live
+        if live is None or live.replica_id != replica_id:
+            held = None if live is None else live.replica_id
+            raise KeyError(f"replica {replica_id} is not up on device {self.device} (up: {held})")
+        return live
+
+    def _add_sequences(self, msg: AddSequences) -> None:
+        """Adds every valid sequence; the invalid ones are named in one error (they were not added)."""
+        replica = self._require_live(msg.replica_id).role.replica
+        failed = []
+        for s in msg.seqs:
+            try:
+                replica.add(s.seq_id, s.prompt_ids, generated_ids=s.generated_ids,
+                            sampling=SequenceSampling(max_tokens=s.max_tokens, temperature=s.temperature))
+            except (TypeError, ValueError) as err:
+                failed.append(f"seq {s.seq_id}: {err}")
+        if failed:
+            raise ValueError(f"replica {msg.replica_id}: {len(failed)} sequence(s) not added: " + "; ".join(failed))
+
+    def _abort(self, msg: AbortSequences) -> None:
+        """Aborts the listed sequences still on the replica; ids that already finished are skipped (their
+        ``Progress`` went out first). Pending progress is flushed before ``Aborted``."""
+        live = self._require_live(msg.replica_id)
+        self._abort_and_report(live, [s for s in msg.seq_ids if live.role.replica.has_seq(s)])
+
+    def _abort_and_report(self, live: _LiveReplica, seq_ids: list[int]) -> None:
+        self._flush_progress(force=True)
+        partial = live.role.replica.abort(seq_ids) if seq_ids else {}
+        self._send(Aborted, replica_id=live.replica_id, partial=list(partial.items()))
+
+    def _stop_replica(self, msg: StopReplica) -> None:
+        live = self._require_live(msg.replica_id)
+        if live.role.replica.has_unfinished():
+            self._abort_and_report(live, live.role.replica.seq_ids())
+        self._flush_progress(force=True)
+        report = self.manager.shift_down(live.role)
+        self._live = None
+        self._send(ReplicaDown, replica_id=msg.replica_id, report=report.as_row())
+
+    def _load_version(self, msg: LoadVersion) -> None:
+        live = self._require_live(msg.replica_id)
+        if live.role.role != "rollout":
+            raise ValueError(f"LoadVersion: replica {msg.replica_id} is a {live.role.role} replica, not rollout")
+        start = time.perf_counter()
+        result = self.gps.read("policy", (self.device,), Parallelism(), min_version=msg.version)
+        self._flush_progress(force=True)  # iterations so far ran on the old weights
+        live.role.replica.load_weights(result.shards[self.device])
+        live.version = result.version
+        self._send(Reloaded, replica_id=msg.replica_id, version=result.version, seconds=time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ training
+    def _train(self, msg: Train) -> None:
+        if self.device not in self.spec.training_device_ids:
+            raise ValueError(f"Train: device {self.device} is not a training device {self.spec.training_device_ids}")
+        if self._live is not None:
+            raise RuntimeError(f"Train: device {self.device} serves {self.roles_held()}; shift it down first")
+        if self._training is None:
+            self._training = self._build_training()  # collective over the training group (DDP set-up)
+        report = None
+        if not self.manager.is_up(self._training):
+            report = self.manager.shift_up(self._training).as_row()
+        start = time.perf_counter()
+        stats = self._training.trainer.step(GRPOBatch(prompt_ids=msg.prompt_ids, response_ids=msg.response_ids,
+                                                      group_ids=msg.group_ids, rewards=msg.rewards))
+        seconds = time.perf_counter() - start
+        self._snapshot = {n: t.detach().clone() for n, t in self._training.trainer.state_dict_hf().items()}
+        self._send(Trained, step=msg.step, stats=_finite({**asdict(stats), "seconds": seconds}), report=report)
+
+    def _build_training(self) -> TrainingRole:
+        ids = self.spec.training_device_ids
+        group = self.training_group if len(ids) > 1 else None
+        trainer = GRPOTrainer.from_pretrained(self.spec.policy_path, self.spec.trainer, process_group=group)
+        return TrainingRole(trainer, model="policy", devices=ids, local_device=self.device,
+                            parallelism=Parallelism(dp=len(ids)))
+
+    def _gps_write(self, msg: GpsWrite) -> None:
+        """Every rank calls the collective Write, in the order the GpsWrite messages arrive."""
+        ids = self.spec.training_device_ids
+        shards: dict[int, dict[str, torch.Tensor]] = {}
+        if self.device in ids:
+            if self._snapshot is None:
+                raise RuntimeError(f"GpsWrite v{msg.version}: training device {self.device} has no trained step "
+                                   "to write")
+            shards = {self.device: self._snapshot}
+        start = time.perf_counter()
+        handle = self.gps.write("policy", ids, Parallelism(dp=len(ids)), shards, background=True)
+        self._writes.append(_PendingWrite(msg.version, handle, start, shards))
+        self._snapshot = None
+
+    def _poll_writes(self, timeout_s: float = 0.0) -> None:
+        for write in list(self._writes):
+            if timeout_s <= 0 and not write.handle.done():
+                continue
+            self._writes.remove(write)
+            try:
+                version = write.handle.wait(timeout_s or None)
+                if version != write.version:
+                    raise RuntimeError(f"GpsWrite: GPS committed policy v{version}, the controller asked for "
+                                       f"v{write.version}")
+            except Exception as err:
+                self._error("GpsWrite", err)
+                continue
+            self._send(Written, version=version, seconds=time.perf_counter() - write.started_s)
+
+    def _stop_training(self, msg: StopTraining) -> None:
+        if self._training is None or not self.manager.is_up(self._training):
+            raise RuntimeError(f"StopTraining: training is not up on device {self.device}")
+        report = self.manager.shift_down(self._training)
+        self._send(TrainingDown, report=report.as_row())
+
+    # ------------------------------------------------------------------ checkpoint and shutdown
+    def _save_policy(self, msg: SavePolicy) -> None:
+        result = self.gps.read("policy", (self.device,), Parallelism())
+        params = {n: t.clone() for n, t in result.shards[self.device].items()}  # GPS buffers are reused
+        save_checkpoint(Path(self.spec.policy_path), Path(msg.path), params)
+        self._send(Saved, path=msg.path, version=result.version)
+
+    def _shutdown(self, msg: Shutdown, write_timeout_s: float = 300.0) -> None:
+        self._flush_progress(force=True)
+        self._poll_writes(timeout_s=write_timeout_s)
+        for role in self._engines.values():
+            role.replica.close()
+        self._running = False
+        self._send(Bye)
+
+
+def save_checkpoint(template: Path, out: Path, params: dict[str, torch.Tensor]) -> None:
+    """Save HF-named ``params`` as a checkpoint folder shaped like ``template`` (same config), loadable by
+    transformers and vLLM; the template's other files (tokenizer, generation config) are copied.
+
+    Not ``PreTrainedModel.save_pretrained``: under ``torch.distributed`` it writes nothing on ranks other
+    than 0. The weights go to one ``model.safetensors`` (the layout it writes for a single shard), the
+    config through ``PretrainedConfig.save_pretrained``. Names and shapes are checked against the config.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(template))
+    with torch.device("meta"):
+        expected = {n: tuple(p.shape) for n, p in AutoModelForCausalLM.from_config(config).named_parameters()}
+    got = {n: tuple(t.shape) for n, t in params.items()}
+    if got != expected:
+        wrong = sorted(n for n in expected.keys() & got.keys() if expected[n] != got[n])
+        raise ValueError(f"save_checkpoint: parameters do not match {template}/config.json: missing "
+                         f"{sorted(expected.keys() - got.keys())[:4]}, unexpected {sorted(got.keys() - expected.keys())[:4]}, "
+                         f"wrong shape {wrong[:4]}")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in template.iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_SUFFIXES) \
+                and not f.name.endswith(".index.json"):
+            shutil.copy(f, out / f.name)
+    config.save_pretrained(str(out))
+    save_file({n: t.contiguous() for n, t in params.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+def _finite(stats: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN/inf: such values become None."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in stats.items()}

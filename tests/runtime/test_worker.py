@@ -1,0 +1,133 @@
+"""Workers on two torchrun ranks driven by a scripted controller (``worker_job.py``), on real parts:
+vLLM engines, the GRPO trainer over gloo, GPS over NIXL. Checks migration-invariant abort/resume across
+devices, reward and training shifts, the collective GPS write, a live reload and the saved policy."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.dist, pytest.mark.engine]
+JOB = Path(__file__).with_name("worker_job.py")
+TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _isolated(cmd: list[str]) -> list[str]:
+    """``cmd`` in a private network namespace with only loopback up, where the machine allows it."""
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        return cmd
+    probe = subprocess.run(["unshare", "-rn", "ip", "link", "set", "lo", "up"], capture_output=True)
+    if probe.returncode != 0:
+        return cmd
+    return ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    from pivotrl.roles.tiny import ensure_tiny_checkpoints
+
+    ensure_tiny_checkpoints()  # built once here, not by both ranks at once
+    out = tmp_path_factory.mktemp("worker_job")
+    env = {**os.environ, "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo", "GLOO_SOCKET_IFNAME": "lo",
+           "VLLM_HOST_IP": "127.0.0.1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    cmd = _isolated([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                     f"--master_port={_free_port()}", str(JOB), str(out)])
+    log = out / "job.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks: one session
+            proc.wait()
+    errors = "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(out.glob("*error*.txt")))
+    tail = log.read_text(errors="replace")[-6000:]
+    assert proc.returncode == 0 and not errors, f"rc={proc.returncode}\n{errors}\n--- job.log tail\n{tail}"
+    assert all((out / f"rank{r}.json").exists() for r in (0, 1)), tail
+    return json.loads((out / "result.json").read_text()), out
+
+
+def test_every_reply_reports_at_most_one_role_and_the_right_one(job) -> None:
+    result, _ = job
+    expected = {"ReplicaDown": [], "TrainingDown": [], "Trained": ["training"]}
+    for entry in result["log"]:
+        held = entry["roles_held"]
+        assert len(held) <= 1, entry
+        if entry["kind"] in expected:
+            assert held == expected[entry["kind"]], entry
+    assert result["up1"]["roles_held"] == ["rollout"] and result["up3"]["roles_held"] == ["reward"]
+    assert result["bye"] == [0, 1]
+
+
+def test_a_replica_reads_its_weights_from_gps_on_one_rank_alone(job) -> None:
+    result, _ = job  # device 1 read from device 0's host copy (NIXL, one-sided) while rank 0 idled
+    up = result["up1"]
+    assert up["version"] == 0 and up["report"]["parameters_bytes"] > 0 and up["kv"] > 0
+
+
+def test_abort_and_resume_on_another_device_matches_the_uninterrupted_run(job) -> None:
+    result, _ = job
+    partial, resumed, uninterrupted = result["partial"], result["resumed"], result["uninterrupted"]
+    assert partial and set(partial) | set(result["finished_before_abort"]) == set(uninterrupted)
+    assert result["streamed"] == partial  # the Progress stream carried exactly the tokens the worker held
+    for seq_id, ids in partial.items():
+        assert len(ids) >= 6 and resumed[seq_id][: len(ids)] == ids
+    assert resumed == uninterrupted
+    assert len({tuple(ids) for ids in uninterrupted.values()}) == len(uninterrupted)
+
+
+def test_reward_and_training_shifts(job) -> None:
+    result, _ = job
+    assert result["down1"]["direction"] == "down" and result["down1"]["temporary_bytes"] > 0
+    assert result["up3"]["role"] == "reward" and result["up3"]["version"] == 0 and result["judgement"]
+    first, second = result["trained"]
+    for t in (first, second):
+        assert t["report"]["direction"] == "up" and t["report"]["version"] == 0 and t["report"]["parameters_bytes"] > 0
+        assert t["roles_held"] == ["training"] and t["stats"]["grad_norm"] > 0
+    assert first["stats"]["num_tokens"] == second["stats"]["num_tokens"]  # global over the DDP group
+    assert first["stats"]["loss"] == pytest.approx(second["stats"]["loss"])
+    assert result["training_down"] == [[], []]
+
+
+def test_write_reload_and_saved_policy_agree(job) -> None:
+    from safetensors.torch import load_file
+
+    from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling
+    from pivotrl.roles.tiny import ensure_tiny_checkpoints
+
+    result, out = job
+    assert result["up4"]["version"] == 0 and result["written"] == [1, 1] and result["reloaded"] == 1
+    assert len(result["during_reload"]) == 4  # sequences in flight across the write and the reload all finish
+    assert result["saved"] == {"path": str(out / "saved"), "version": 1}
+    saved = Path(result["saved"]["path"])
+    trained = load_file(str(saved / "model.safetensors"))
+    original = load_file(str(ensure_tiny_checkpoints().policy_path / "model.safetensors"))
+    assert trained.keys() == original.keys() and any(not torch.equal(trained[n], original[n]) for n in original)
+    assert (saved / "tokenizer.json").exists() and (saved / "config.json").exists()
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(saved))
+    assert all(torch.equal(p, trained[n]) for n, p in model.named_parameters())
+    prompts = {int(s): ids for s, ids in result["prompts"].items()}
+    config = EngineConfig(model_path=str(saved), max_model_len=512, kv_cache_bytes=32 << 20, seed=7)
+    with EngineReplica(config) as fresh:  # the saved v1, loaded by vLLM from disk
+        for s, ids in prompts.items():
+            fresh.add(300 + s, ids, sampling=SequenceSampling(max_tokens=24, temperature=1.0))
+        done = {}
+        while fresh.has_unfinished():
+            done.update({str(f.seq_id): list(f.token_ids) for f in fresh.step().finished})
+    assert done == result["after_reload"]  # the reloaded replica served exactly the written version
