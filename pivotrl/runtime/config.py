@@ -145,6 +145,8 @@ class EngineSection:
     kv_cache_bytes: int | None = 32 * 2**20  # KV cache per replica, bytes; None: gpu_memory_utilization decides
     gpu_memory_utilization: float = 0.1  # fraction of device memory for the engine when kv_cache_bytes is None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weight and activation dtype
+    release: Literal["auto", "sleep", "teardown"] = "auto"  # shift down: vLLM sleep mode or engine tear-down
+    # (auto: tear-down on CPU, where sleep frees nothing; sleep on GPUs)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -167,7 +169,8 @@ class EngineSection:
 
         return EngineConfig(model_path=model_path, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization,
-                            max_model_len=self.max_model_len, tensor_parallel_size=tp, seed=seed)
+                            max_model_len=self.max_model_len, tensor_parallel_size=tp, seed=seed,
+                            release=self.release)
 
 
 @dataclass(kw_only=True, slots=True)

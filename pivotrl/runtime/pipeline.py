@@ -147,20 +147,18 @@ def checkpoint_tensors(path: Path, *, real: bool) -> dict[str, Any]:
 def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple[int, ...]) -> Any:
     from dataclasses import replace
 
-    from pivotrl.roles.engine import EngineConfig
     from pivotrl.roles.tiny import load_tokenizer
     from pivotrl.runtime.worker import WorkerSpec
 
-    def engine(section: Any, path: Path, seed: int) -> EngineConfig:
-        return EngineConfig(model_path=str(path), dtype=section.dtype, max_model_len=section.max_model_len,
-                            kv_cache_bytes=section.kv_cache_bytes, gpu_memory_utilization=section.gpu_memory_utilization,
-                            seed=seed)
-
     pad = load_tokenizer(policy).pad_token_id
-    trainer = replace(cfg.trainer, pad_token_id=pad if pad is not None else cfg.trainer.pad_token_id)
+    device = cfg.trainer.device
+    if device == "cuda":  # one GPU per rank: this rank's own
+        device = f"cuda:{rank % cfg.cluster.devices_per_node}"
+    trainer = replace(cfg.trainer, device=device, pad_token_id=pad if pad is not None else cfg.trainer.pad_token_id)
     return WorkerSpec(device_id=rank, policy_path=str(policy), genrm_path=str(genrm),
-                      rollout_engine=engine(cfg.rollout, policy, cfg.run.seed),
-                      reward_engine=engine(cfg.genrm, genrm, cfg.run.seed + 1), trainer=trainer,
+                      rollout_engine=cfg.rollout.engine_config(model_path=str(policy), tp=1, seed=cfg.run.seed),
+                      reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=1, seed=cfg.run.seed + 1),
+                      trainer=trainer,
                       training_device_ids=training)
 
 
