@@ -396,6 +396,8 @@ class RuntimeCluster:
             "trained_sequences_by_step": [self.trained_sequences.get(k, 0) for k in steps],
             "max_roles_held": max((len(v) for v in self.roles_held.values()), default=0),
             "time_breakdown": self.time_breakdown(),
+            "planner_decisions": len(self.plane.planner_calls),
+            "planner_s": sum(sum(call) for call in self.plane.planner_calls),  # controller time inside plan()
         }
 
     def time_breakdown(self) -> dict[str, float]:
