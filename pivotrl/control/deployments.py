@@ -74,7 +74,7 @@ class Colocated(Deployment):
         cp.start_replicas("rollout", self.devices, initial=True)
 
     def on_replicas_up(self, cp: ControlPlane, role: InferenceRole, replica_ids: list[int]) -> None:
-        if role == "rollout":
+        if role == "rollout" and cp.all_up("rollout"):
             cp.release_next()
 
     def on_drained(self, cp: ControlPlane, role: InferenceRole) -> None:
@@ -85,6 +85,9 @@ class Colocated(Deployment):
 
     def on_batch_ready(self, cp: ControlPlane, step: int) -> None:
         self.phase = "training"
+        cp.when_up("reward", lambda: self._train(cp))
+
+    def _train(self, cp: ControlPlane) -> None:
         cp.stop_role("reward")
         cp.train(tuple(self.devices), shift_up=True)
 
@@ -154,7 +157,7 @@ class RRColocated(_AsyncTraining):
         cp.start_replicas("rollout", self.shared, initial=True)
 
     def on_replicas_up(self, cp: ControlPlane, role: InferenceRole, replica_ids: list[int]) -> None:
-        if role == "rollout":
+        if role == "rollout" and cp.all_up("rollout"):
             cp.release_next()
 
     def on_drained(self, cp: ControlPlane, role: InferenceRole) -> None:
@@ -172,8 +175,11 @@ class RRColocated(_AsyncTraining):
     def _to_rollout(self, cp: ControlPlane) -> None:
         if self.phase == "idle" and cp.ledger.can_release():
             self.phase = "rollout"
-            cp.stop_role("reward")
-            cp.start_replicas("rollout", self.shared)
+            cp.when_up("reward", lambda: self._switch(cp))
+
+    def _switch(self, cp: ControlPlane) -> None:
+        cp.stop_role("reward")
+        cp.start_replicas("rollout", self.shared)
 
     def describe(self) -> dict[str, Any]:
         return {"shared": len(self.shared), "training": len(self.training)}

@@ -49,6 +49,8 @@ class ControlPlane:
         self.planner_calls: list[tuple[float, float, float]] = []  # (preprocess_s, construct_s, simulate_s)
         self._replica_ids = itertools.count()
         self._up_migrate: dict[int, bool] = {}  # replica id -> migrate when it comes up
+        self._starting: dict[InferenceRole, set[int]] = {role: set() for role in INFERENCE_ROLES}
+        self._when_up: dict[InferenceRole, list[Callable[[], None]]] = {role: [] for role in INFERENCE_ROLES}
 
     # ------------------------------------------------------------------ reading
     @property
@@ -105,6 +107,7 @@ class ControlPlane:
         specs = [(self.new_replica_id(), g) for g in groups]
         for rid, _ in specs:
             self._up_migrate[rid] = migrate
+            self._starting[role].add(rid)
         self.backend.start_replicas(role, specs, min_version, initial)
         return [rid for rid, _ in specs]
 
@@ -115,7 +118,17 @@ class ControlPlane:
             self.backend.stop_replicas(role, emptied)
 
     def stop_role(self, role: InferenceRole) -> None:
+        """Shift every replica of ``role`` down (call it once none is starting: see ``when_up``)."""
+        assert not self._starting[role], f"stop_role({role}) while replicas {self._starting[role]} are starting"
         self.stop_replicas(role, list(self.drivers[role].replicas))
+
+    def when_up(self, role: InferenceRole, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once no replica of ``role`` is starting (at once if none is). Real replicas come up
+        one by one; a stage switch must not stop a role while some of its replicas are still starting."""
+        if self._starting[role]:
+            self._when_up[role].append(fn)
+        else:
+            fn()
 
     def train(self, device_ids: tuple[int, ...], *, shift_up: bool) -> int:
         """Train the next ready step on ``device_ids``; returns the step."""
@@ -130,8 +143,17 @@ class ControlPlane:
     # ------------------------------------------------------------------ events
     def replicas_up(self, role: InferenceRole, backends: list[ReplicaBackend]) -> None:
         migrate = all(self._up_migrate.pop(rep.replica_id, True) for rep in backends)
+        self._starting[role] -= {rep.replica_id for rep in backends}
         self.drivers[role].add_replicas(backends, migrate=migrate)
         self.deployment.on_replicas_up(self, role, [rep.replica_id for rep in backends])
+        if not self._starting[role]:
+            waiting, self._when_up[role] = self._when_up[role], []
+            for fn in waiting:
+                fn()
+
+    def all_up(self, role: InferenceRole) -> bool:
+        """No replica of ``role`` is starting."""
+        return not self._starting[role]
 
     def sequence_finished(self, role: InferenceRole, seq_id: int) -> None:
         """A generation finished (its driver already knows): rollout -> GenRM hand-off, or judged."""

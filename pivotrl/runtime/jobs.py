@@ -38,6 +38,23 @@ class Job:
         return [json.loads(line) for line in (self.folder / "metrics.jsonl").read_text().splitlines()]
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (torchrun starts its workers in sessions of their own)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,17 +85,17 @@ def run_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int 
         argv = ["unshare", "-n", "sh", "-c", script]
     else:
         argv = ["sh", "-c", script]
-    env = {**os.environ, "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo", "PYTHONUNBUFFERED": "1",
+           "GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
         output, _ = proc.communicate()
         raise AssertionError(f"the job did not finish within {timeout_s:.0f} s; last output:\n{output[-6000:]}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
     folders = sorted(p for p in out_dir.iterdir() if p.is_dir()) if out_dir.exists() else []
     return Job(proc.returncode, output, folders[-1] if folders else None)

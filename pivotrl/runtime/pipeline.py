@@ -203,9 +203,16 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                 bus.send(d, m.Shutdown())
             except Exception:  # noqa: BLE001 (a dead worker; torchrun reports it)
                 pass
+        # Ranks may be blocked in a collective with a failed peer and never read the Shutdown: end this
+        # process, and torchrun stops every other rank of the job (exit code 1).
+        time.sleep(_FAILURE_GRACE_S)
+        os._exit(1)
     finally:
         time.sleep(0.2)
         bus.close()
+
+
+_FAILURE_GRACE_S = 3.0  # after a failure: time for the Shutdown messages and the log lines to go out
 
 
 def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -> Any:

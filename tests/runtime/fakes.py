@@ -9,6 +9,7 @@ Token ids spell ``Answer: 1`` often enough to give rewards. The fakes record wha
 """
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ class FakeReplica:
 
 
 class FakeBus:
-    def __init__(self, num_devices: int, *, answer_ids: list[int] | None = None) -> None:
+    def __init__(self, num_devices: int, *, answer_ids: list[int] | None = None, up_delay_seed: int | None = None) -> None:
         self.num_devices = num_devices
         self.replicas: dict[int, FakeReplica] = {}
         self.held: dict[int, list[str]] = {d: [] for d in range(num_devices)}
@@ -38,6 +39,8 @@ class FakeBus:
         self.out: deque[tuple[int, m.Message]] = deque()
         self.sent: list[tuple[int, m.Message]] = []
         self._answer = answer_ids or [7, 8, 9]
+        self._rng = random.Random(up_delay_seed) if up_delay_seed is not None else None
+        self._delayed: list[tuple[int, int, m.Message]] = []  # (iterations left, device, ReplicaUp)
 
     # ------------------------------------------------------------------ controller side
     def send(self, device: int, msg: m.Message) -> None:
@@ -47,6 +50,9 @@ class FakeBus:
 
     def recv(self, timeout_s: float) -> list[tuple[int, m.Message]]:
         self._iterate()
+        due = [(d, msg) for left, d, msg in self._delayed if left <= 0]
+        self._delayed = [(left - 1, d, msg) for left, d, msg in self._delayed if left > 0]
+        self.out.extend(due)
         out = list(self.out)
         self.out.clear()
         return [(d, m.decode(msg.to_json())) for d, msg in out]
@@ -70,6 +76,8 @@ class FakeBus:
         self.replicas[msg.replica_id] = FakeReplica(msg.replica_id, msg.role, device, version)
         self._reply(device, m.ReplicaUp, replica_id=msg.replica_id, role=msg.role, version=version,
                     kv_capacity_tokens=100_000, report=self._report(msg.role, "up", device))
+        if self._rng is not None:  # real replicas come up one by one, seconds apart
+            self._delayed.append((self._rng.randint(0, 12), *self.out.pop()))
 
     def _AddSequences(self, device: int, msg: m.AddSequences) -> None:
         rep = self.replicas[msg.replica_id]
