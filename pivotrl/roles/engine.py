@@ -51,7 +51,8 @@ class EngineConfig:
     seed: int = 0  # run seed: keys the migration-invariant sampling noise
     tensor_parallel_size: int = 1
     enforce_eager: bool = True  # no CUDA graphs / compilation (fast start, small shifts)
-    release: Literal["auto", "sleep", "teardown"] = "auto"  # auto: teardown on CPU, sleep elsewhere
+    release: Literal["auto", "sleep", "teardown", "keep"] = "auto"  # auto: teardown on CPU, sleep elsewhere;
+    # keep: a shift down frees nothing (the idle engine stays allocated; a shift up only loads weights)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -63,8 +64,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive or None, got {self.kv_cache_bytes}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
-        if self.release not in ("auto", "sleep", "teardown"):
-            raise ValueError(f"release must be one of auto, sleep, teardown; got {self.release!r}")
+        if self.release not in ("auto", "sleep", "teardown", "keep"):
+            raise ValueError(f"release must be one of auto, sleep, teardown, keep; got {self.release!r}")
 
 
 @dataclass(slots=True)
@@ -117,7 +118,7 @@ class EngineReplica:
         return int(self.config.gpu_memory_utilization * psutil.virtual_memory().total)
 
     @property
-    def release_mode(self) -> Literal["sleep", "teardown"]:
+    def release_mode(self) -> Literal["sleep", "teardown", "keep"]:
         if self.config.release != "auto":
             return self.config.release
         from vllm.platforms import current_platform
@@ -137,9 +138,9 @@ class EngineReplica:
         if self.release_mode == "sleep":
             self._llm.sleep(level=2)
             self._asleep = True
-        else:
+        elif self.release_mode == "teardown":
             self._shutdown_engine()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0  # keep: nothing is freed
 
     def recreate(self, hf_params: Mapping[str, torch.Tensor]) -> float:
         """Shift up: re-allocate memory and load ``hf_params`` (HF names); returns seconds taken."""

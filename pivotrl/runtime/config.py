@@ -145,8 +145,9 @@ class EngineSection:
     kv_cache_bytes: int | None = 32 * 2**20  # KV cache per replica, bytes; None: gpu_memory_utilization decides
     gpu_memory_utilization: float = 0.1  # fraction of device memory for the engine when kv_cache_bytes is None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weight and activation dtype
-    release: Literal["auto", "sleep", "teardown"] = "auto"  # shift down: vLLM sleep mode or engine tear-down
-    # (auto: tear-down on CPU, where sleep frees nothing; sleep on GPUs)
+    release: Literal["auto", "sleep", "teardown", "keep"] = "auto"  # shift down: vLLM sleep mode, engine
+    # tear-down, or keep (the idle engine stays allocated, a shift up only loads weights; auto: tear-down on
+    # CPU, where sleep frees nothing, sleep on GPUs)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

