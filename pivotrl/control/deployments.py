@@ -97,6 +97,10 @@ class Colocated(Deployment):
             self.phase = "rollout"
             cp.start_replicas("rollout", self.devices, min_version=cp.ledger.trained)
 
+    def on_published(self, cp: ControlPlane, version: int) -> None:
+        if self.phase == "rollout" and cp.all_up("rollout"):  # the replicas came up before the version
+            cp.release_next()
+
     def training_devices_in_use(self, cp: ControlPlane) -> int:
         return len(self.devices) if cp.ledger.training_running else 0
 
@@ -170,7 +174,7 @@ class RRColocated(_AsyncTraining):
             self._to_rollout(cp)
 
     def on_published(self, cp: ControlPlane, version: int) -> None:
-        self._to_rollout(cp)
+        self._to_rollout(cp)  # (a switch happens only once a step can be released: no step waits here)
 
     def _to_rollout(self, cp: ControlPlane) -> None:
         if self.phase == "idle" and cp.ledger.can_release():

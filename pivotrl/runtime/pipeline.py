@@ -189,7 +189,10 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                           "policy_dir": saved.path, "deployment": cfg.deployment.name,
                           "tokens_by_role": dict(cluster.tokens_by_role),
                           "occupancy_violations": cluster.occupancy_violations,
-                          "rewards": cluster.book.run_rewards.as_dict(), **cluster.accounting()}
+                          "rewards": cluster.book.run_rewards.as_dict(), **cluster.accounting(),
+                          "dataset": {"num_prompts": len(cluster.book.dataset),
+                                      "num_rows_read": cluster.book.dataset.num_rows_read,
+                                      "num_duplicates": cluster.book.dataset.num_duplicates}}
         folder.write_summary(result.summary)
         print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
         cluster.shutdown()

@@ -40,7 +40,7 @@ class FakeBus:
         self.sent: list[tuple[int, m.Message]] = []
         self._answer = answer_ids or [7, 8, 9]
         self._rng = random.Random(up_delay_seed) if up_delay_seed is not None else None
-        self._delayed: list[tuple[int, int, m.Message]] = []  # (iterations left, device, ReplicaUp)
+        self._delayed: list[tuple[int, int, m.Message]] = []  # (iterations left, device, message), in order
 
     # ------------------------------------------------------------------ controller side
     def send(self, device: int, msg: m.Message) -> None:
@@ -58,9 +58,21 @@ class FakeBus:
         return [(d, m.decode(msg.to_json())) for d, msg in out]
 
     # ------------------------------------------------------------------ worker behaviour
-    def _reply(self, device: int, cls: type, **fields: object) -> None:
+    def _reply(self, device: int, cls: type, *, late: bool = False, **fields: object) -> None:
+        """Queue a reply; ``late`` (with a delay seed): 0-12 iterations late. A worker's replies keep
+        their order, so a reply behind a late one waits for it, except behind ``Written``: a worker
+        reports a background GPS write when its loop next polls it, after replies it sent meanwhile."""
         self.max_roles_held = max(self.max_roles_held, len(self.held[device]))
-        self.out.append((device, cls(device=device, roles_held=list(self.held[device]), **fields)))
+        msg = cls(device=device, roles_held=list(self.held[device]), **fields)
+        written = isinstance(msg, m.Written)  # Written keep their own order
+        behind = max((left for left, d, w in self._delayed if d == device and isinstance(w, m.Written) == written),
+                     default=None)
+        if late and self._rng is not None:
+            self._delayed.append(((behind or 0) + self._rng.randint(0, 12), device, msg))
+        elif behind is not None:
+            self._delayed.append((behind, device, msg))
+        else:
+            self.out.append((device, msg))
 
     def _report(self, role: str, direction: str, device: int) -> dict:
         return {"role": role, "direction": direction, "version": self.gps_version, "seconds": 0.01,
@@ -74,10 +86,8 @@ class FakeBus:
             assert version >= msg.min_version
         self.held[device] = [msg.role]
         self.replicas[msg.replica_id] = FakeReplica(msg.replica_id, msg.role, device, version)
-        self._reply(device, m.ReplicaUp, replica_id=msg.replica_id, role=msg.role, version=version,
-                    kv_capacity_tokens=100_000, report=self._report(msg.role, "up", device))
-        if self._rng is not None:  # real replicas come up one by one, seconds apart
-            self._delayed.append((self._rng.randint(0, 12), *self.out.pop()))
+        self._reply(device, m.ReplicaUp, late=True, replica_id=msg.replica_id, role=msg.role, version=version,
+                    kv_capacity_tokens=100_000, report=self._report(msg.role, "up", device))  # one by one
 
     def _AddSequences(self, device: int, msg: m.AddSequences) -> None:
         rep = self.replicas[msg.replica_id]
@@ -120,7 +130,7 @@ class FakeBus:
         assert msg.version == self.gps_version + (1 if device == 0 else 0) or msg.version == self.gps_version
         if device == 0:
             self.gps_version = msg.version
-        self._reply(device, m.Written, version=msg.version, seconds=0.01)
+        self._reply(device, m.Written, late=True, version=msg.version, seconds=0.01)  # collective: may lag
 
     def _StopTraining(self, device: int, msg: m.StopTraining) -> None:
         self.training_up.discard(device)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pivotrl.roles.data import arithmetic_rows, write_rows
 from pivotrl.runtime.jobs import Job, run_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.engine, pytest.mark.slow]
@@ -43,8 +44,14 @@ def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
 
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 def test_static_deployment_keeps_the_books(name: str, tmp_path: Path) -> None:
-    job = run_job(tmp_path, SMALL + DEPLOYMENTS[name])
+    extra = []
+    if name == "disaggregated":  # data as users download it: a DAPO-layout parquet, every prompt repeated
+        rows = arithmetic_rows(6, seed=5, num_repeats=3)
+        extra = [f"data.path={write_rows(tmp_path / 'dapo-math.parquet', rows)}"]
+    job = run_job(tmp_path / "runs", SMALL + DEPLOYMENTS[name] + extra)
     check_accounting(job, num_steps=2, staleness=0 if name == "colocated" else 1)
+    if extra:  # read as-is, deduplicated
+        assert job.summary["dataset"] == {"num_prompts": 6, "num_rows_read": 18, "num_duplicates": 12}
 
 
 def test_shiftable_chaos_shifts_in_every_direction(tmp_path: Path) -> None:
