@@ -139,6 +139,7 @@ class RuntimeCluster:
         self.on_step = on_step
         self.roles_held: dict[int, list[str]] = {}
         self.occupancy_violations: list[str] = []
+        self.max_roles_held = 0
         self.shift_reports: list[dict[str, Any]] = []
         self.tokens_by_role: dict[str, int] = defaultdict(int)
         self.engine_seconds: dict[str, float] = defaultdict(float)
@@ -238,6 +239,7 @@ class RuntimeCluster:
 
     def _check_roles(self, device: int, msg: m.WorkerMessage) -> None:
         self.roles_held[device] = list(msg.roles_held)
+        self.max_roles_held = max(self.max_roles_held, len(msg.roles_held))
         if len(msg.roles_held) > 1 or msg.device != device:
             self.occupancy_violations.append(f"device {device} reported roles {msg.roles_held} in {msg.kind}")
 
@@ -394,7 +396,7 @@ class RuntimeCluster:
                                                  if r.step == k and r.reward is not None and r.reward.total is not None)
                                              for k in steps],
             "trained_sequences_by_step": [self.trained_sequences.get(k, 0) for k in steps],
-            "max_roles_held": max((len(v) for v in self.roles_held.values()), default=0),
+            "max_roles_held": self.max_roles_held,  # over every report of every worker
             "time_breakdown": self.time_breakdown(),
             "planner_decisions": len(self.plane.planner_calls),
             "planner_s": sum(sum(call) for call in self.plane.planner_calls),  # controller time inside plan()
