@@ -38,7 +38,7 @@ class Job:
         return [json.loads(line) for line in (self.folder / "metrics.jsonl").read_text().splitlines()]
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
     """SIGKILL a process and every descendant (torchrun starts its workers in sessions of their own)."""
     import psutil
 
@@ -92,10 +92,10 @@ def run_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int 
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         output, _ = proc.communicate()
         raise AssertionError(f"the job did not finish within {timeout_s:.0f} s; last output:\n{output[-6000:]}")
     finally:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
     folders = sorted(p for p in out_dir.iterdir() if p.is_dir()) if out_dir.exists() else []
     return Job(proc.returncode, output, folders[-1] if folders else None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from pivotrl.runtime.jobs import kill_tree
 
 pytestmark = [pytest.mark.dist, pytest.mark.engine]
 JOB = Path(__file__).with_name("worker_job.py")
@@ -52,7 +53,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
         try:
             proc.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks: one session
+            kill_tree(proc.pid)  # torchrun and both ranks (torchrun starts each rank in a session of its own)
             proc.wait()
     errors = "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(out.glob("*error*.txt")))
     tail = log.read_text(errors="replace")[-6000:]
