@@ -57,12 +57,6 @@ class ControlPlane:
     def now(self) -> float:
         return self.clock.now()
 
-    def replica_role(self, replica_id: int) -> InferenceRole | None:
-        for role, driver in self.drivers.items():
-            if replica_id in driver.replicas:
-                return role
-        return None
-
     def devices_by_role(self) -> dict[str, int]:
         out = {role: len(d.device_ids()) for role, d in self.drivers.items()}
         out["training"] = self.deployment.training_devices_in_use(self)

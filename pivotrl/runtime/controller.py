@@ -30,6 +30,7 @@ from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
 from pivotrl.runtime import messages as m
 from pivotrl.runtime.book import RolloutBook
 from pivotrl.runtime.clock import WallClock
+from pivotrl.runtime.metrics import step_row
 from pivotrl.scheduler import ThroughputModel
 
 __all__ = ["ControllerSpec", "RuntimeCluster", "RuntimeReplica", "RunFailed", "Sampling"]
@@ -148,14 +149,12 @@ class RuntimeCluster:
         self.trained_sequences: dict[int, int] = {}  # step -> sequences sent to the trainer
         self._pending_up: dict[int, tuple[InferenceRole, tuple[int, ...]]] = {}
         self._role_by_replica: dict[int, InferenceRole] = {}
-        self._pending_down: set[int] = set()
         self._training: tuple[int, ...] = ()
         self._written: dict[int, set[int]] = defaultdict(set)
         self._trained_from: dict[int, set[int]] = defaultdict(set)
         self._down_from: set[int] = set()
         self._saved: m.Saved | None = None
         self._byes: set[int] = set()
-        self._step_started: dict[int, float] = {}
         self._last_step_row: dict[str, Any] = {}
         ledger = StepLedger(num_steps=num_steps, seqs_per_step=book.seqs_per_step, staleness=staleness)
         self.plane = ControlPlane(backend=self, clock=self.clock, deployment=deployment, ledger=ledger)
@@ -178,7 +177,6 @@ class RuntimeCluster:
         """Progress is applied as it arrives."""
 
     def rollouts(self, step: int) -> list[tuple[int, int]]:
-        self._step_started.setdefault(step, self.clock.now())
         return self.book.rollouts(step)
 
     def judgement_prompt_tokens(self, seq_id: int) -> int:
@@ -197,7 +195,6 @@ class RuntimeCluster:
     def stop_replicas(self, role: InferenceRole, replicas: list[RuntimeReplica]) -> None:  # type: ignore[override]
         for rep in replicas:
             self.replicas.pop(rep.replica_id, None)
-            self._pending_down.add(rep.replica_id)
             self.bus.send(rep.lead, m.StopReplica(replica_id=rep.replica_id))
 
     def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
@@ -254,7 +251,6 @@ class RuntimeCluster:
         self.plane.replicas_up(role, [rep])
 
     def _on_ReplicaDown(self, device: int, msg: m.ReplicaDown) -> None:
-        self._pending_down.discard(msg.replica_id)
         self._record_shift(device, msg.report, replica_id=msg.replica_id)
 
     def _on_Progress(self, device: int, msg: m.Progress) -> None:
@@ -354,64 +350,8 @@ class RuntimeCluster:
 
     # ------------------------------------------------------------------ metrics
     def _emit_step(self, step: int) -> None:
-        """One metrics row per published version: this step's rewards and staleness, the tokens and
-        shifts since the previous row, and the run's totals so far."""
-        now = self.clock.now()
-        prev = self._last_step_row
-        since = now - prev.get("time_s", 0.0)
-        stats = self.train_stats.get(step, [])
-        row: dict[str, Any] = {"step": step, "version": step + 1, "time_s": now, **self.book.step_metrics(step)}
-        if stats:
-            row["loss"] = stats[0].get("loss")
-            row["train_seconds"] = max(s.get("seconds", 0.0) for s in stats)
-        totals = {r: self.tokens_by_role[r] for r in INFERENCE_ROLES}
-        before = prev.get("tokens_total_by_role", {r: 0 for r in INFERENCE_ROLES})
-        row["tokens_by_role"] = {r: totals[r] - before[r] for r in INFERENCE_ROLES}
-        row["tps_by_role"] = {r: row["tokens_by_role"][r] / since if since > 0 else 0.0 for r in INFERENCE_ROLES}
-        row["tps_overall"] = sum(row["tokens_by_role"].values()) / since if since > 0 else 0.0
-        row["engine_tps_by_role"] = {r: totals[r] / self.engine_seconds[r] if self.engine_seconds[r] else 0.0
-                                     for r in INFERENCE_ROLES}  # tokens per second of engine-step time
-        row["tokens_total_by_role"] = totals
-        row["tps_run"] = sum(totals.values()) / now if now > 0 else 0.0  # end-to-end so far (§8.1)
-        first = prev.get("num_shift_reports", 0)
-        row["shifts"] = self.shift_reports[first:]
-        row["num_shift_reports"] = len(self.shift_reports)
-        row["num_plans"] = len(self.plane.shifts)
-        row["devices_by_role"] = self.plane.devices_by_role()
-        self._last_step_row = row
-        self.on_step(row)
-
-    def accounting(self) -> dict[str, Any]:
-        """What the tests and the summary check: counts per step from the ledger, the book and the
-        workers' own reports (engine tokens, trainer tokens, roles held)."""
-        ledger, book = self.plane.ledger, self.book
-        steps = range(ledger.num_steps)
-        return {
-            "rollouts_done": list(ledger.rollouts_done), "judged": list(ledger.judged), "trained_steps": ledger.trained,
-            "engine_tokens": sum(self.tokens_by_role.values()),
-            "sequence_tokens": sum(len(r.response_ids or ()) + len(r.judgement_ids or ())
-                                   for r in book.records.values()),
-            "trainer_tokens_by_step": [sum(s.get("num_tokens", 0) for s in self.train_stats[k][:1]) for k in steps],
-            "kept_response_tokens_by_step": [sum(len(r.response_ids or ()) for r in book.records.values()
-                                                 if r.step == k and r.reward is not None and r.reward.total is not None)
-                                             for k in steps],
-            "trained_sequences_by_step": [self.trained_sequences.get(k, 0) for k in steps],
-            "max_roles_held": self.max_roles_held,  # over every report of every worker
-            "time_breakdown": self.time_breakdown(),
-            "planner_decisions": len(self.plane.planner_calls),
-            "planner_s": sum(sum(call) for call in self.plane.planner_calls),  # controller time inside plan()
-        }
-
-    def time_breakdown(self) -> dict[str, float]:
-        """Where device time went: engine iterations per role, shifts (all context kinds), training
-        steps, and the rest (idle: waiting for work, for messages, or for another role's shift)."""
-        device_s = self.clock.now() * self.spec.num_devices
-        engine = {f"engine_{r}_s": self.engine_seconds[r] for r in INFERENCE_ROLES}
-        shift_s = sum(r.get("seconds", 0.0) for r in self.shift_reports)
-        train_s = sum(s.get("seconds", 0.0) for stats in self.train_stats.values() for s in stats)
-        busy = sum(engine.values()) + shift_s + train_s
-        return {"device_s": device_s, **engine, "shift_s": shift_s, "train_s": train_s,
-                "idle_s": max(device_s - busy, 0.0)}
+        self._last_step_row = step_row(self, step, self._last_step_row)
+        self.on_step(self._last_step_row)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:

@@ -14,8 +14,6 @@ the final barrier) is entered by every rank in the same order.
 """
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import threading
 import time
@@ -23,6 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pivotrl.scheduler import ThroughputModel
 
 __all__ = ["run", "RunResult", "setup_process_env"]
 
@@ -165,6 +165,7 @@ def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple
 # ---------------------------------------------------------------------- the controller thread
 def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult) -> None:
     from pivotrl.runtime import messages as m
+    from pivotrl.runtime.metrics import accounting
     from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line
 
     folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
@@ -189,7 +190,7 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                           "policy_dir": saved.path, "deployment": cfg.deployment.name,
                           "tokens_by_role": dict(cluster.tokens_by_role),
                           "occupancy_violations": cluster.occupancy_violations,
-                          "rewards": cluster.book.run_rewards.as_dict(), **cluster.accounting(),
+                          "rewards": cluster.book.run_rewards.as_dict(), **accounting(cluster),
                           "dataset": {"num_prompts": len(cluster.book.dataset),
                                       "num_rows_read": cluster.book.dataset.num_rows_read,
                                       "num_duplicates": cluster.book.dataset.num_duplicates}}
@@ -231,7 +232,7 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -
     book = RolloutBook(load_prompts(cfg), tokenizer, prompts_per_step=cfg.data.prompts_per_step,
                        group_size=cfg.data.group_size, seed=cfg.run.seed, reward=cfg.reward,
                        genrm_prompt_tokens=cfg.genrm.max_model_len - cfg.genrm.max_tokens)
-    kv = {role: _kv_tokens(section, path, kv_bytes_per_token(path, section.dtype))
+    kv = {role: _kv_tokens(section, kv_bytes_per_token(path, section.dtype))
           for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
     spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,
                           timeout_s=cfg.run.timeout_s, kv_capacity_tokens=kv,
@@ -245,18 +246,12 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -
                           num_steps=cfg.run.num_steps, staleness=staleness, on_step=on_step)
 
 
-def _kv_tokens(section: Any, path: Path, per_token: int) -> int:
+def _kv_tokens(section: Any, per_token: int) -> int:
     if section.kv_cache_bytes is None:
         return section.max_model_len * 64  # sized by utilization: assume room for 64 full sequences
     return max(section.max_model_len, section.kv_cache_bytes // per_token)
 
 
-def _belief() -> Any:
-    from pivotrl.scheduler import ThroughputModel
-
-    # Decode latency of a tiny 2-layer engine on one CPU core (≈ 4k tokens/s at 32 sequences); refined
-    # by the measured per-replica throughput the monitor reads.
-    return ThroughputModel(A=2e-8, B=2e-3, C=2.5e-4, D=2e-3)
-
-
-CPU_TINY_BELIEF = _belief()
+# Decode latency of a tiny 2-layer engine on one CPU core (≈ 4k tokens/s at 32 sequences); the monitor
+# reads each replica's measured throughput beside it.
+CPU_TINY_BELIEF = ThroughputModel(A=2e-8, B=2e-3, C=2.5e-4, D=2e-3)

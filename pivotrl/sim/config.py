@@ -12,7 +12,7 @@ Invariant: every config validates its fields in ``__post_init__`` and names the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pivotrl.control.config import STRATEGIES, DeploymentConfig, DeploymentKind
 from pivotrl.sim.catalog import DEVICES, MODELS

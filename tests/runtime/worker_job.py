@@ -255,6 +255,7 @@ def main(out: Path) -> None:
     from pivotrl.roles.engine import EngineConfig, init_engine_groups
     from pivotrl.roles.tiny import ensure_tiny_checkpoints, load_tokenizer
     from pivotrl.roles.trainer import TrainerConfig
+    from pivotrl.runtime.pipeline import checkpoint_tensors
     from pivotrl.runtime.worker import Worker, WorkerSpec
 
     init_engine_groups(LOCAL_RANK)  # collective: vLLM's groups, before any engine starts
@@ -263,7 +264,7 @@ def main(out: Path) -> None:
     tiny = ensure_tiny_checkpoints()
     gps = GlobalParameterStorage(GPSConfig(transport="nixl", num_nodes=1, devices_per_node=world), group=gps_group)
     for model, path, writable in (("policy", tiny.policy_path, True), ("genrm", tiny.genrm_path, False)):
-        gps.register(model, _params(path, real=rank == 0), writable=writable)
+        gps.register(model, checkpoint_tensors(path, real=rank == 0), writable=writable)
 
     address_box: list[str] = []
     ready = threading.Event()
@@ -288,21 +289,6 @@ def main(out: Path) -> None:
         thread.join(WAIT_S)
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "worker": "returned"}))
     gps.close()  # collective barrier: peers may still read this rank's copy one-sidedly
-
-
-def _params(path: Path, *, real: bool) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors (the GPS host rank) or meta tensors of the same shapes (other ranks)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        if real:
-            return {name: f.get_tensor(name) for name in f.keys()}
-        return {name: torch.empty(f.get_slice(name).get_shape(), dtype=_dtype(f.get_slice(name).get_dtype()),
-                                  device="meta") for name in f.keys()}
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[name]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""What a real run reports (§8.1 metrics): one row per RL step for ``metrics.jsonl``, the accounting the
+summary and the tests check, and where device time went.
+
+Plain functions over a ``RuntimeCluster``'s counters (the controller only counts); every figure is
+derived from the workers' own reports (engine tokens and latencies, shift reports, trainer stats) and
+the rollout book.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pivotrl.planner.state import INFERENCE_ROLES
+
+if TYPE_CHECKING:
+    from pivotrl.runtime.controller import RuntimeCluster
+
+__all__ = ["step_row", "accounting", "time_breakdown"]
+
+
+def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[str, Any]:
+    """One metrics row per published version: this step's rewards and staleness, the tokens and
+    shifts since the previous row, and the run's totals so far."""
+    now = cluster.clock.now()
+    since = now - prev.get("time_s", 0.0)
+    stats = cluster.train_stats.get(step, [])
+    row: dict[str, Any] = {"step": step, "version": step + 1, "time_s": now, **cluster.book.step_metrics(step)}
+    if stats:
+        row["loss"] = stats[0].get("loss")
+        row["train_seconds"] = max(s.get("seconds", 0.0) for s in stats)
+    totals = {r: cluster.tokens_by_role[r] for r in INFERENCE_ROLES}
+    before = prev.get("tokens_total_by_role", {r: 0 for r in INFERENCE_ROLES})
+    row["tokens_by_role"] = {r: totals[r] - before[r] for r in INFERENCE_ROLES}
+    row["tps_by_role"] = {r: row["tokens_by_role"][r] / since if since > 0 else 0.0 for r in INFERENCE_ROLES}
+    row["tps_overall"] = sum(row["tokens_by_role"].values()) / since if since > 0 else 0.0
+    row["engine_tps_by_role"] = {r: totals[r] / cluster.engine_seconds[r] if cluster.engine_seconds[r] else 0.0
+                                 for r in INFERENCE_ROLES}  # tokens per second of engine-step time
+    row["tokens_total_by_role"] = totals
+    row["tps_run"] = sum(totals.values()) / now if now > 0 else 0.0  # end-to-end so far (§8.1)
+    first = prev.get("num_shift_reports", 0)
+    row["shifts"] = cluster.shift_reports[first:]
+    row["num_shift_reports"] = len(cluster.shift_reports)
+    row["num_plans"] = len(cluster.plane.shifts)
+    row["devices_by_role"] = cluster.plane.devices_by_role()
+    return row
+
+
+def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
+    """What the tests and the summary check: counts per step from the ledger, the book and the
+    workers' own reports (engine tokens, trainer tokens, roles held)."""
+    ledger, book = cluster.plane.ledger, cluster.book
+    steps = range(ledger.num_steps)
+    return {
+        "rollouts_done": list(ledger.rollouts_done), "judged": list(ledger.judged), "trained_steps": ledger.trained,
+        "engine_tokens": sum(cluster.tokens_by_role.values()),
+        "sequence_tokens": sum(len(r.response_ids or ()) + len(r.judgement_ids or ())
+                               for r in book.records.values()),
+        "trainer_tokens_by_step": [sum(s.get("num_tokens", 0) for s in cluster.train_stats[k][:1]) for k in steps],
+        "kept_response_tokens_by_step": [sum(len(r.response_ids or ()) for r in book.records.values()
+                                             if r.step == k and r.reward is not None and r.reward.total is not None)
+                                         for k in steps],
+        "trained_sequences_by_step": [cluster.trained_sequences.get(k, 0) for k in steps],
+        "max_roles_held": cluster.max_roles_held,  # over every report of every worker
+        "time_breakdown": time_breakdown(cluster),
+        "planner_decisions": len(cluster.plane.planner_calls),
+        "planner_s": sum(sum(call) for call in cluster.plane.planner_calls),  # controller time inside plan()
+    }
+
+
+def time_breakdown(cluster: RuntimeCluster) -> dict[str, float]:
+    """Where device time went: engine iterations per role, shifts (all context kinds), training
+    steps, and the rest (idle: waiting for work, for messages, or for another role's shift)."""
+    device_s = cluster.clock.now() * cluster.spec.num_devices
+    engine = {f"engine_{r}_s": cluster.engine_seconds[r] for r in INFERENCE_ROLES}
+    shift_s = sum(r.get("seconds", 0.0) for r in cluster.shift_reports)
+    train_s = sum(s.get("seconds", 0.0) for stats in cluster.train_stats.values() for s in stats)
+    busy = sum(engine.values()) + shift_s + train_s
+    return {"device_s": device_s, **engine, "shift_s": shift_s, "train_s": train_s,
+            "idle_s": max(device_s - busy, 0.0)}
