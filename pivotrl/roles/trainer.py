@@ -12,10 +12,17 @@ Role context (§5.2): parameters (``release_parameters`` / ``load_parameters``, 
 optimizer state (``offload_optimizer`` / ``reload_optimizer``, bitwise), temporary gradients
 (``release_temporary``). Invariant: ``step`` runs only when parameters are loaded and the optimizer
 state is resident; every rank of the group runs the same number of micro-batches per step.
+
+Teardown: call ``close()`` before destroying the process group. torch's DDP ``Reducer`` drops its
+process-group reference while holding the GIL; when it holds the last one, the gloo group's destructor
+joins its worker threads, and a worker freeing a finished collective's Python-owned tensors waits for
+the GIL: the process never exits. ``close()`` frees the reducer while the caller's group still lives.
 """
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -164,6 +171,7 @@ class GRPOTrainer:
         self._host_state: dict[int, dict[str, torch.Tensor]] = {}  # reused offload buffers
         self.is_optimizer_offloaded = False
         self.are_parameters_loaded = True
+        self.is_closed = False
 
     @classmethod
     def from_pretrained(cls, path: str, config: TrainerConfig, *, process_group: Any = None) -> GRPOTrainer:
@@ -302,6 +310,21 @@ class GRPOTrainer:
         self.is_optimizer_offloaded = False
         return moved
 
+    def close(self) -> None:
+        """Free the DDP wrapper and its reducer; call before destroying ``process_group`` (module doc).
+
+        Idempotent; a closed trainer refuses ``step``. Raises if something else still holds the wrapper.
+        """
+        self.is_closed = True
+        if self._forward_module is self.model:
+            return
+        wrapper = weakref.ref(self._forward_module)
+        self._forward_module = self.model
+        gc.collect()  # nn.Module hooks form reference cycles
+        if wrapper() is not None:
+            raise RuntimeError("GRPOTrainer.close: the DDP wrapper is still referenced elsewhere; destroying its "
+                               "process group now could hang the process at exit")
+
     # ------------------------------------------------------------------ internals
     def _param_states(self) -> list[tuple[torch.nn.Parameter, dict[str, Any]]]:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -348,6 +371,8 @@ class GRPOTrainer:
             raise RuntimeError("parameters are released: load_parameters first")
 
     def _require_ready(self) -> None:
+        if self.is_closed:
+            raise RuntimeError("the trainer is closed")
         self._require_parameters()
         if self.is_optimizer_offloaded:
             raise RuntimeError("optimizer state is offloaded: reload_optimizer first")

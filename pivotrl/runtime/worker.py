@@ -392,6 +392,8 @@ class Worker:
         self._poll_writes(timeout_s=write_timeout_s)
         for role in self._engines.values():
             role.replica.close()
+        if self._training is not None:
+            self._training.trainer.close()  # before the training group is destroyed (see GRPOTrainer)
         self._running = False
         self._send(Bye)
 

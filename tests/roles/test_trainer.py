@@ -1,6 +1,7 @@
 """GRPO trainer: hand-computed loss and advantages, masking and micro-batching, a step that lowers the
 loss, bitwise optimizer offload/reload, parameter release/load, and 2-rank DDP over gloo."""
 import copy
+import datetime
 import math
 import multiprocessing
 import random
@@ -218,8 +219,9 @@ def _split(batch: GRPOBatch, rank: int) -> GRPOBatch:
 
 def _ddp_rank(rank: int, port: int, out: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
     group = dist.new_group([0, 1], backend="gloo")
+    trainer = None
     try:
         trainer = GRPOTrainer(_model(seed=rank), TrainerConfig(lr=1e-3, micro_batch_size=2), process_group=group)
         trainer.step(_split(_batch(10, num_groups=4), rank))
@@ -232,6 +234,8 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
             trainer.step(_batch(12, num_groups=1 + rank, group_size=2, drop=False))
         (Path(out) / f"refused{rank}").touch()
     finally:
+        if trainer is not None:
+            trainer.close()  # before the group goes: a reducer holding its last reference can hang the exit
         dist.destroy_process_group(group)
         dist.destroy_process_group()
 
@@ -266,3 +270,11 @@ def test_two_rank_ddp_keeps_ranks_identical_across_a_shift_and_matches_one_proce
         assert torch.equal(p, ranks[1][name]), name
         torch.testing.assert_close(p, reference.state_dict_hf()[name], rtol=1e-4, atol=1e-5)
     assert any(not torch.equal(p, initial[n].detach()) for n, p in ranks[0].items())
+
+
+def test_closed_trainer_refuses_to_step() -> None:
+    trainer = GRPOTrainer(_model(), TrainerConfig(lr=1e-3))
+    trainer.close()
+    trainer.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        trainer.step(_batch(3))
