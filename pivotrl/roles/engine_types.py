@@ -30,6 +30,15 @@ class FinishedSequence:
     prompt_ids: tuple[int, ...]
     token_ids: tuple[int, ...]  # every generated token (incl. those from before a migration, and the stop token)
     finish_reason: str  # "stop" (a stop token) or "length" (max_tokens / max_model_len)
+    logprobs: tuple[float, ...] | None = None  # behaviour log-prob of each of ``token_ids``; None: some unknown
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PartialSequence:
+    """An aborted sequence's tokens so far (incl. those it came with) and their behaviour log-probs."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None  # None: it was added with tokens but without their log-probs
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

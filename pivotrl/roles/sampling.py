@@ -11,6 +11,14 @@ is distributed as softmax(logits / T), and U is a counter-based hash of its argu
 logits processor adds the noise; the request itself decodes greedily (``temperature=0``). T = 0 means
 plain greedy decoding (no noise).
 
+Behaviour log-probs (for the off-policy correction of training): the processor writes
+``log_softmax(logits / T) + G`` (the per-row normalizer does not move the arg-max), and the engine,
+run with ``logprobs_mode="processed_logits"`` and greedy requests, reports that value for the sampled
+token; :func:`gumbel_values` recomputes G for (seed, seq, position, token) so the caller recovers
+``log softmax(logits / T)[token]``: the log-probability of the token under the distribution it was
+sampled from, at any temperature. vLLM's default ``raw_logprobs`` would give it at T = 1 only (taken
+before temperature and logits processors). Greedy rows (T = 0) report log-probs at T = 1.
+
 Invariant: the noise row for a request at absolute position p (prompt length + tokens generated) is
 a pure function of (seed, seq key, p) and the vocabulary index, on every replica and batch.
 """
@@ -56,6 +64,27 @@ def gumbel_noise(row_keys: torch.Tensor, vocab_hash: torch.Tensor) -> torch.Tens
     return (-torch.log(-torch.log(uniform))).to(torch.float32)
 
 
+def gumbel_values(row_keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """G of one token per row: element ``i`` equals ``gumbel_noise(row_keys, hash32(arange(vocab)))[i, token_ids[i]]``
+    bit for bit (the same elementwise operations); both int64 (rows,)."""
+    bits = hash32(row_keys ^ hash32(token_ids))
+    uniform = (bits.to(torch.float64) + 0.5) / 2.0**32
+    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+
+
+def behaviour_logprobs(*, seed: int, seq_id: int, first_position: int, token_ids: list[int],
+                       reported: list[float], temperature: float) -> list[float]:
+    """Log-probs of ``token_ids`` (sampled at absolute positions ``first_position, first_position + 1, ...``)
+    under their sampling distribution, from the engine's reported ``log_softmax(logits / T) + G``
+    (greedy, T = 0: no G was added)."""
+    if not token_ids or temperature == 0:
+        return [float(v) for v in reported]
+    key = seq_key(seq_id)
+    keys = torch.tensor([row_key(seed, key, first_position + i) for i in range(len(token_ids))], dtype=torch.int64)
+    noise = gumbel_values(keys, torch.tensor(token_ids, dtype=torch.int64))
+    return (torch.tensor(reported, dtype=torch.float32) - noise).tolist()
+
+
 def gumbel_args(*, seed: int, seq_id: int, temperature: float) -> dict[str, Any]:
     """The ``SamplingParams.extra_args`` entry that turns on migration-invariant sampling."""
     if temperature < 0:
@@ -97,18 +126,24 @@ class GumbelLogitsProcessor(LogitsProcessor):
         process_dict_updates(self.rows, batch_update, _new_row)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        noisy = [i for i, row in self.rows.items() if row.temperature > 0]
-        if not noisy:
+        """Rows of our requests become ``log_softmax(logits / T) + G`` (greedy rows: ``log_softmax(logits)``)."""
+        ours = list(self.rows)
+        if not ours:
             return logits
         vocab_hash = self._vocab_hash(logits.shape[1], logits.device)
-        for start in range(0, len(noisy), _ROWS_PER_CHUNK):
-            index = noisy[start:start + _ROWS_PER_CHUNK]
+        for start in range(0, len(ours), _ROWS_PER_CHUNK):
+            index = ours[start:start + _ROWS_PER_CHUNK]
             rows = [self.rows[i] for i in index]
-            keys = torch.tensor([row_key(r.seed, r.key, r.position()) for r in rows], dtype=torch.int64,
-                                device=logits.device)
-            temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=logits.device)
+            temps = torch.tensor([r.temperature or 1.0 for r in rows], dtype=logits.dtype, device=logits.device)
             idx = torch.tensor(index, device=logits.device)
-            logits[idx] = logits[idx] / temps[:, None] + gumbel_noise(keys, vocab_hash).to(logits.dtype)
+            values = torch.log_softmax(logits[idx] / temps[:, None], dim=-1)
+            noisy = [k for k, r in enumerate(rows) if r.temperature > 0]
+            if noisy:
+                keys = torch.tensor([row_key(rows[k].seed, rows[k].key, rows[k].position()) for k in noisy],
+                                    dtype=torch.int64, device=logits.device)
+                sel = torch.tensor(noisy, device=logits.device)
+                values[sel] = values[sel] + gumbel_noise(keys, vocab_hash).to(logits.dtype)
+            logits[idx] = values
         return logits
 
     def _vocab_hash(self, vocab: int, device: torch.device) -> torch.Tensor:

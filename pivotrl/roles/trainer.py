@@ -1,12 +1,37 @@
-"""The training role (§2.1, §8.1): GRPO on a transformers causal LM with torch AdamW.
+"""The training role (§2.1, §8.1): GRPO on a transformers causal LM with torch AdamW, made correct for
+stale rollouts with decoupled PPO.
 
-GRPO: each sequence's advantage is ``(reward - group mean) / (group std + eps)`` over the kept
-sequences of its group (std with Bessel's correction; a group with one kept sequence, or with equal
-rewards and ``eps = 0``, gives 0); the
-loss is the clipped-ratio objective ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` with
-``r = exp(logp - old_logp)``, averaged over every response token of the batch (prompt, padding and
-dropped sequences are masked). Micro-batches accumulate gradients; with a process group the model is
-wrapped in DDP over that group (gloo on CPU, NCCL on GPUs) and the token mean is global.
+Advantages: each sequence's advantage is ``(reward - group mean) / (group std + eps)`` over the kept
+sequences of its whole group (std with Bessel's correction; a group with one kept sequence, or with
+equal rewards and ``eps = 0``, gives 0). A group may be split across the ranks of the process group:
+every rank all-gathers all ranks' (group id, reward) rows, in rank order, and computes the advantages
+over their union, so each row gets the one-process value.
+
+Objective: decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization": the
+decoupled objective; AReaL, Fu et al. 2025, uses it for asynchronous RL). Three policies: the
+behaviour policy that sampled each token (rollouts may be a few versions stale; ``behaviour_logprobs``
+as the inference engine reports them, None: on-policy), the proximal policy (the parameters at the
+start of ``step``, log-probs taken without gradient) and the trained policy. Per response token
+
+    r = exp(logp - logp_prox),  w = exp(logp_prox - logp_behaviour),
+    loss = w * max(-A r, -A clip(r, 1 - clip_eps_low, 1 + clip_eps_high)),
+
+averaged over every response token of the batch over all ranks (prompt, padding and dropped sequences
+are masked). The trust region is centred on the proximal policy; ``w`` (a constant, no gradient)
+corrects for sampling from the behaviour policy. ``clip_eps_high > clip_eps_low`` is DAPO's
+clip-higher (Yu et al. 2025, 0.28 vs 0.2). With ``behaviour_weight_cap`` a token whose ``w`` exceeds
+it is masked out of the loss as in AReaL: its term is 0, and it stays in the token mean's denominator
+so the normaliser does not depend on staleness. Masking rather than clamping: a large ``w`` means the
+behaviour policy gave the token far less mass than the proximal one, and a clamped weight would keep a
+biased gradient from exactly those tokens. All log-probs are ``log_softmax(logits / temperature)``
+with the rollouts' sampling temperature. Micro-batches accumulate gradients; with a process group the
+model is wrapped in DDP over that group (gloo on CPU, NCCL on GPUs).
+
+One ``step`` is one optimizer update, so in its gradient pass the trained and proximal parameters are
+the same: r == 1 and the clip is inactive; the gradient is ``-A w grad(logp)``. The clip acts when the
+surrogate is evaluated at later parameters (``loss(batch, proximal_logprobs=...)``). Invariant: the
+proximal pass and the gradient pass run the same module on the same micro-batches, so their log-probs
+are bitwise equal (``StepStats.ratio_max_abs_dev == 0.0``; a model with active dropout breaks this).
 
 Role context (§5.2): parameters (``release_parameters`` / ``load_parameters``, from GPS), offloadable
 optimizer state (``offload_optimizer`` / ``reload_optimizer``, bitwise), temporary gradients
@@ -20,6 +45,7 @@ the GIL: the process never exits. ``close()`` frees the reducer while the caller
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import weakref
@@ -35,13 +61,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 @dataclass(kw_only=True, slots=True)
 class TrainerConfig:
-    """GRPO and AdamW settings of the training role."""
+    """GRPO (decoupled PPO) and AdamW settings of the training role."""
 
     lr: float = 1e-6  # AdamW learning rate
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low
     clip_eps_high: float = 0.2  # ratio clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)
+    behaviour_weight_cap: float | None = None  # tokens with w = pi_prox / pi_behaviour above it: masked; None: no cap
+    temperature: float = 1.0  # the rollouts' sampling temperature; log-probs are log_softmax(logits / temperature)
     adv_eps: float = 1e-6  # added to the group std
     micro_batch_size: int = 4  # sequences per forward/backward pass
     max_grad_norm: float | None = 1.0  # global gradient-norm clip; None: no clipping
@@ -53,6 +81,11 @@ class TrainerConfig:
         for name in ("lr", "clip_eps_low", "clip_eps_high", "adv_eps"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
+        if self.behaviour_weight_cap is not None and not self.behaviour_weight_cap >= 1:
+            raise ValueError(f"behaviour_weight_cap: must be >= 1 (on-policy tokens have w = 1) or None, "
+                             f"got {self.behaviour_weight_cap}")
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size: must be >= 1, got {self.micro_batch_size}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
@@ -69,26 +102,46 @@ class GRPOBatch:
     response_ids: Sequence[Sequence[int]]
     group_ids: Sequence[int]
     rewards: Sequence[float | None]
-    old_logprobs: Sequence[Sequence[float]] | None = None  # per response token; None: taken before the update
+    # per response token, under the policy that sampled it at the sampling temperature (as the engine
+    # reports them); None: on-policy (behaviour = proximal)
+    behaviour_logprobs: Sequence[Sequence[float]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
         sizes = [len(self.response_ids), len(self.group_ids), len(self.rewards)]
-        if self.old_logprobs is not None:
-            sizes.append(len(self.old_logprobs))
+        if self.behaviour_logprobs is not None:
+            sizes.append(len(self.behaviour_logprobs))
         if any(size != n for size in sizes):
             raise ValueError(f"GRPOBatch: field lengths differ: {[n, *sizes]}")
         if any(len(r) == 0 for r in self.response_ids) or any(len(p) == 0 for p in self.prompt_ids):
             raise ValueError("GRPOBatch: every prompt and response needs at least one token")
+        if self.behaviour_logprobs is not None:
+            _check_per_token(self.behaviour_logprobs, self.response_ids, "behaviour_logprobs")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepStats:
     loss: float  # the GRPO loss of the step (token mean over the whole group of ranks)
-    num_tokens: int  # response tokens that counted, over all ranks
+    num_tokens: int  # response tokens that counted, over all ranks (capped ones included)
     clip_fraction: float  # share of those tokens whose ratio was clipped
     grad_norm: float  # before clipping
     num_dropped: int  # sequences of this rank without a reward
+    ratio_max_abs_dev: float  # max |r - 1| over the counted tokens of all ranks in the gradient pass (0.0 exactly)
+    behaviour_weight_mean: float  # mean of w = exp(logp_prox - logp_behaviour) over the counted tokens, before the cap
+    behaviour_weight_max: float  # max of w over the counted tokens of all ranks (0.0 when none)
+    num_capped: int  # counted tokens of all ranks masked out because w > behaviour_weight_cap
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenLoss:
+    """Terms of ``grpo_token_loss`` over the masked tokens; only ``loss_sum`` carries a gradient."""
+
+    loss_sum: torch.Tensor  # sum of w * max(-A r, -A clip(r)) over the masked, uncapped tokens
+    num_clipped: torch.Tensor  # masked tokens whose ratio was clipped
+    num_capped: torch.Tensor  # masked tokens with w > cap (their term is 0)
+    weight_sum: torch.Tensor  # sum of w over the masked tokens (before the cap)
+    weight_max: torch.Tensor  # max of w over the masked tokens (0 when none)
+    ratio_max_abs_dev: torch.Tensor  # max |r - 1| over the masked tokens (0 when none)
 
 
 def group_advantages(rewards: Sequence[float | None], group_ids: Sequence[int], *, eps: float) -> list[float | None]:
@@ -109,26 +162,37 @@ def group_advantages(rewards: Sequence[float | None], group_ids: Sequence[int], 
 
 
 def grpo_token_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-    *, clip_eps_low: float, clip_eps_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the clipped-ratio loss over masked tokens, number of clipped tokens).
-
-    Shapes: ``logprobs``, ``old_logprobs``, ``mask``: (batch, tokens); ``advantages``: (batch,).
-    """
-    ratio = torch.exp(logprobs - old_logprobs)
+    logprobs: torch.Tensor, proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor, mask: torch.Tensor,
+    *, clip_eps_low: float, clip_eps_high: float, behaviour_weight_cap: float | None = None,
+) -> TokenLoss:
+    """The decoupled-PPO loss terms (module doc). Shapes: every log-prob tensor and ``mask``:
+    (batch, tokens); ``advantages``: (batch,). Pass ``behaviour_logprobs = proximal_logprobs`` on-policy."""
+    ratio = torch.exp(logprobs - proximal_logprobs)
+    weight = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
     adv = advantages.unsqueeze(-1)
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)
-    mask = mask.to(per_token.dtype)
-    num_clipped = ((-adv * clipped > -adv * ratio).to(mask.dtype) * mask).sum()
-    return (per_token * mask).sum(), num_clipped
+    mask = mask.bool()
+    capped = mask & (weight > behaviour_weight_cap) if behaviour_weight_cap is not None else torch.zeros_like(mask)
+    effective = torch.where(mask & ~capped, weight, 0.0)  # zero before the product: no inf * 0 in the gradient
+    deviation = (ratio.detach() - 1.0).abs()
+    return TokenLoss(
+        loss_sum=(effective * per_token).sum(),
+        num_clipped=((-adv * clipped > -adv * ratio) & mask).sum().detach(),
+        num_capped=capped.sum(),
+        weight_sum=torch.where(mask, weight, 0.0).sum(),
+        weight_max=_masked_max(weight, mask),
+        ratio_max_abs_dev=_masked_max(deviation, mask),
+    )
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(token t | tokens < t) for t >= 1: shape (batch, seq - 1), float32."""
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(token t | tokens < t) for t >= 1 at ``temperature``: shape (batch, seq - 1), float32."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
@@ -147,6 +211,21 @@ def collate(
         attention[i, : len(row)] = 1
         response[i, len(prompt) - 1 : len(row) - 1] = True
     return ids.to(device), attention.to(device), response.to(device)
+
+
+def encode_rows(group_ids: Sequence[int], rewards: Sequence[float | None]) -> torch.Tensor:
+    """(rows, 3) int64: group id, kept (0: dropped), the reward's float64 bits (exact through a collective)."""
+    kept = [r is not None for r in rewards]
+    bits = torch.tensor([0.0 if r is None else float(r) for r in rewards], dtype=torch.float64).view(torch.int64)
+    return torch.stack([torch.tensor(list(group_ids), dtype=torch.int64).reshape(-1),
+                        torch.tensor(kept, dtype=torch.int64).reshape(-1), bits.reshape(-1)], dim=1)
+
+
+def decode_rows(blocks: Sequence[torch.Tensor], counts: Sequence[int]) -> tuple[list[int], list[float | None]]:
+    """Inverse of ``encode_rows`` over padded per-rank blocks: the first ``counts[k]`` rows of block k, in order."""
+    rows = torch.cat([block[:count].cpu() for block, count in zip(blocks, counts, strict=True)])
+    rewards = rows[:, 2].contiguous().view(torch.float64).tolist()
+    return rows[:, 0].tolist(), [r if k else None for r, k in zip(rewards, rows[:, 1].tolist(), strict=True)]
 
 
 class GRPOTrainer:
@@ -182,59 +261,89 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ GRPO
     def compute_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
-        """Per-response-token log-probabilities under the current parameters (no gradient)."""
+        """Per-response-token log-probabilities at the current parameters and ``temperature`` (no gradient),
+        bitwise those the proximal pass of ``step`` takes."""
+        micro = self._micro_batches(len(batch.prompt_ids))
         out: list[list[float]] = []
-        with torch.no_grad():
-            for rows in self._micro_batches(len(batch.prompt_ids)):
-                ids, attention, response = self._collate(batch, rows)
-                logp = token_logprobs(self.model, ids, attention)
-                out += [logp[i][response[i]].tolist() for i in range(len(rows))]
+        for rows, logp in zip(micro, self._proximal_logprobs(batch, micro), strict=True):
+            response = self._collate(batch, rows)[2]
+            out += [logp[i][response[i]].tolist() for i in range(len(rows))]
         return out
 
-    def loss(self, batch: GRPOBatch) -> float:
-        """The GRPO loss of ``batch`` at the current parameters (no update)."""
+    def loss(self, batch: GRPOBatch, *, proximal_logprobs: Sequence[Sequence[float]] | None = None) -> float:
+        """The GRPO loss of ``batch`` at the current parameters (no update). ``proximal_logprobs`` (per
+        response token, e.g. ``compute_logprobs`` before a step) fixes the proximal policy; None: the
+        current parameters, the loss the next ``step`` reports."""
+        micro = self._micro_batches(len(batch.prompt_ids))
+        if proximal_logprobs is None:
+            proximal = self._proximal_logprobs(batch, micro)
+        else:
+            proximal = [_padded(proximal_logprobs, rows, self._collate(batch, rows)[2], "proximal_logprobs")
+                        for rows in micro]
         with torch.no_grad():
-            loss, _, _ = self._accumulate(batch, backward=False)
-        return loss
+            return self._accumulate(batch, micro, proximal, backward=False)["loss"]
 
     def step(self, batch: GRPOBatch) -> StepStats:
         """One GRPO update on ``batch`` (this rank's share); returns the step's statistics."""
         self._require_ready()
+        micro = self._micro_batches(len(batch.prompt_ids))
+        proximal = self._proximal_logprobs(batch, micro)
         self.optimizer.zero_grad(set_to_none=True)
-        loss, num_tokens, clip_fraction = self._accumulate(batch, backward=True)
+        totals = self._accumulate(batch, micro, proximal, backward=True)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         self.optimizer.step()
-        dropped = sum(r is None for r in batch.rewards)
-        return StepStats(loss=loss, num_tokens=num_tokens, clip_fraction=clip_fraction, grad_norm=grad_norm,
-                         num_dropped=dropped)
+        return StepStats(**totals, grad_norm=grad_norm, num_dropped=sum(r is None for r in batch.rewards))
 
-    def _accumulate(self, batch: GRPOBatch, *, backward: bool) -> tuple[float, int, float]:
-        """Run every micro-batch; returns (loss, global token count, clip fraction)."""
+    def _proximal_logprobs(self, batch: GRPOBatch, micro: list[list[int]]) -> list[torch.Tensor]:
+        """Per micro-batch (rows, seq - 1) log-probs at the current parameters: the module and micro-batches
+        of the gradient pass, so both give bitwise equal values."""
+        with torch.no_grad():
+            return [token_logprobs(self._forward_module, *self._collate(batch, rows)[:2],
+                                   temperature=self.config.temperature) for rows in micro]
+
+    def _accumulate(
+        self, batch: GRPOBatch, micro: list[list[int]], proximal: list[torch.Tensor], *, backward: bool
+    ) -> dict[str, Any]:
+        """Run every micro-batch; returns the StepStats fields of the loss, reduced over all ranks."""
         c = self.config
-        advantages = group_advantages(batch.rewards, batch.group_ids, eps=c.adv_eps)
-        old = batch.old_logprobs if batch.old_logprobs is not None else self.compute_logprobs(batch)
-        micro = self._micro_batches(len(batch.prompt_ids))
-        num_tokens = self._global_token_count(_num_tokens(batch, advantages), len(micro))
+        self._check_micro_batch_counts(len(micro))
+        advantages = self._advantages(batch)
+        num_tokens = int(self._all_reduce(torch.tensor([_num_tokens(batch, advantages)], dtype=torch.float64))[0])
         scale = self._world_size() / max(num_tokens, 1)
-        total = torch.zeros((), dtype=torch.float64)
-        clipped = torch.zeros((), dtype=torch.float64)
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, clipped, weight, capped
+        maxima = torch.zeros(2, dtype=torch.float64)  # ratio deviation, weight
         for index, rows in enumerate(micro):
             ids, attention, response = self._collate(batch, rows)
             mask = response & torch.tensor([advantages[i] is not None for i in rows], device=ids.device)[:, None]
             adv = torch.tensor([advantages[i] or 0.0 for i in rows], dtype=torch.float32, device=ids.device)
+            behaviour = (proximal[index] if batch.behaviour_logprobs is None
+                         else _padded(batch.behaviour_logprobs, rows, response, "behaviour_logprobs"))
             with self._sync_context(is_last=index == len(micro) - 1, backward=backward):
-                logp = token_logprobs(self._forward_module, ids, attention)
-                old_t = _padded(old, rows, response, device=ids.device)
-                loss_sum, num_clipped = grpo_token_loss(
-                    logp, old_t, adv, mask, clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high
-                )
+                logp = token_logprobs(self._forward_module, ids, attention, temperature=c.temperature)
+                terms = grpo_token_loss(logp, proximal[index], behaviour, adv, mask, clip_eps_low=c.clip_eps_low,
+                                        clip_eps_high=c.clip_eps_high, behaviour_weight_cap=c.behaviour_weight_cap)
                 if backward:
-                    (loss_sum * scale).backward()
-            total += loss_sum.detach().double().cpu()
-            clipped += num_clipped.detach().double().cpu()
-        sums = self._all_reduce(torch.stack([total, clipped]))
-        return float(sums[0]) / max(num_tokens, 1), num_tokens, float(sums[1]) / max(num_tokens, 1)
+                    (terms.loss_sum * scale).backward()
+            sums += _float64(terms.loss_sum.detach(), terms.num_clipped, terms.weight_sum, terms.num_capped)
+            maxima = torch.maximum(maxima, _float64(terms.ratio_max_abs_dev, terms.weight_max))
+        sums, maxima = self._all_reduce(sums), self._all_reduce(maxima, dist.ReduceOp.MAX)
+        per_token = sums / max(num_tokens, 1)
+        return {"loss": float(per_token[0]), "num_tokens": num_tokens, "clip_fraction": float(per_token[1]),
+                "behaviour_weight_mean": float(per_token[2]), "num_capped": int(sums[3]),
+                "ratio_max_abs_dev": float(maxima[0]), "behaviour_weight_max": float(maxima[1])}
+
+    def _advantages(self, batch: GRPOBatch) -> list[float | None]:
+        """This rank's rows' advantages over the union of every rank's rows (whole groups)."""
+        if self.process_group is None:
+            return group_advantages(batch.rewards, batch.group_ids, eps=self.config.adv_eps)
+        local = encode_rows(batch.group_ids, batch.rewards)
+        counts = [int(n) for n in self._all_gather(torch.tensor([len(local)], dtype=torch.int64))]
+        block = torch.zeros((max(max(counts), 1), 3), dtype=torch.int64)
+        block[: len(local)] = local
+        group_ids, rewards = decode_rows(self._all_gather(block), counts)
+        start = sum(counts[: dist.get_rank(self.process_group)])
+        return group_advantages(rewards, group_ids, eps=self.config.adv_eps)[start : start + len(local)]
 
     # ------------------------------------------------------------------ role context (§5.2)
     def state_dict_hf(self) -> dict[str, torch.Tensor]:
@@ -339,8 +448,6 @@ class GRPOTrainer:
                        pad_token_id=self.config.pad_token_id, device=self.config.device)
 
     def _sync_context(self, *, is_last: bool, backward: bool) -> Any:
-        import contextlib
-
         if backward and not is_last and self._forward_module is not self.model:
             return self._forward_module.no_sync()
         return contextlib.nullcontext()
@@ -354,13 +461,19 @@ class GRPOTrainer:
             dist.all_reduce(values, op=op or dist.ReduceOp.SUM, group=self.process_group)
         return values.cpu()
 
-    def _global_token_count(self, num_tokens: int, num_micro: int) -> int:
-        """Response tokens over all ranks; raises on every rank unless all run ``num_micro`` micro-batches."""
+    def _all_gather(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``values`` (same shape on all ranks), in rank order, on the CPU."""
+        values = values.to(self._collective_device())
+        out = [torch.empty_like(values) for _ in range(self._world_size())]
+        dist.all_gather(out, values, group=self.process_group)
+        return [t.cpu() for t in out]
+
+    def _check_micro_batch_counts(self, num_micro: int) -> None:
+        """Raises on every rank unless all run ``num_micro`` micro-batches."""
         spread = self._all_reduce(torch.tensor([num_micro, -num_micro], dtype=torch.float64), dist.ReduceOp.MAX)
         if spread[0] != -spread[1]:
             raise ValueError(f"micro_batch_size: ranks run between {int(-spread[1])} and {int(spread[0])} "
                              "micro-batches; give every rank the same number of sequences")
-        return int(self._all_reduce(torch.tensor([num_tokens], dtype=torch.float64))[0])
 
     def _collective_device(self) -> torch.device:
         backend = dist.get_backend(self.process_group)
@@ -388,18 +501,33 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def _masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Max of ``values`` where ``mask`` (values >= 0); 0 when nothing is masked in."""
+    return torch.where(mask, values, 0.0).amax() if values.numel() else values.new_zeros(())
+
+
+def _float64(*scalars: torch.Tensor) -> torch.Tensor:
+    """0-d tensors of any dtype and device as one float64 CPU vector."""
+    return torch.stack([t.detach().double().cpu() for t in scalars])
+
+
 def _num_tokens(batch: GRPOBatch, advantages: Sequence[float | None]) -> int:
     return sum(len(r) for r, a in zip(batch.response_ids, advantages, strict=True) if a is not None)
 
 
-def _padded(
-    old: Sequence[Sequence[float]], rows: list[int], response: torch.Tensor, *, device: torch.device
-) -> torch.Tensor:
-    """Old log-probabilities placed at the response positions of a micro-batch (zeros elsewhere)."""
+def _check_per_token(values: Sequence[Sequence[float]], responses: Sequence[Sequence[int]], name: str) -> None:
+    """One value per response token of every row, or a ValueError naming ``name`` and the row."""
+    for row, (v, r) in enumerate(zip(values, responses, strict=True)):
+        if len(v) != len(r):
+            raise ValueError(f"{name}[{row}]: {len(v)} values for {len(r)} response tokens")
+
+
+def _padded(values: Sequence[Sequence[float]], rows: list[int], response: torch.Tensor, name: str) -> torch.Tensor:
+    """Per-token ``values`` of ``rows`` placed at a micro-batch's response positions (zeros elsewhere)."""
     out = torch.zeros(response.shape, dtype=torch.float32)
     for i, row in enumerate(rows):
-        values = torch.tensor(list(old[row]), dtype=torch.float32)
-        if values.numel() != int(response[i].sum()):
-            raise ValueError(f"old_logprobs[{row}]: {values.numel()} values for {int(response[i].sum())} tokens")
-        out[i][response[i].cpu()] = values
-    return out.to(device)
+        positions = response[i].cpu()
+        if len(values[row]) != int(positions.sum()):
+            raise ValueError(f"{name}[{row}]: {len(values[row])} values for {int(positions.sum())} response tokens")
+        out[i][positions] = torch.tensor(list(values[row]), dtype=torch.float32)
+    return out.to(response.device)

@@ -29,7 +29,9 @@ class SeqRecord:
     prompt: PromptRecord
     prompt_ids: list[int]
     response_ids: list[int] | None = None
+    response_logprobs: list[float] | None = None  # behaviour log-prob of each response token
     response_version: int | None = None  # policy version of the replica that finished the response
+    response_min_version: int | None = None  # oldest policy version that generated any of its tokens
     judge_prompt_ids: list[int] | None = None
     judgement_ids: list[int] | None = None
     reward: Reward | None = None
@@ -78,12 +80,18 @@ class RolloutBook:
         assert rec.judge_prompt_ids is not None, f"seq {seq_id}: no GenRM prompt yet"
         return rec.judge_prompt_ids
 
-    def response_done(self, seq_id: int, token_ids: list[int], version: int) -> list[int]:
-        """Record a finished rollout; returns the GenRM prompt ids of its judgement."""
+    def response_done(self, seq_id: int, token_ids: list[int], version: int, *, logprobs: list[float] | None,
+                      min_version: int | None = None) -> list[int]:
+        """Record a finished rollout (its tokens' behaviour log-probs are required: the trainer's off-policy
+        correction needs them); returns the GenRM prompt ids of its judgement."""
         rec = self.records[seq_id]
         if rec.response_ids is not None:
             raise RuntimeError(f"seq {seq_id}: a second response")
-        rec.response_ids, rec.response_version = list(token_ids), version
+        if logprobs is None or len(logprobs) != len(token_ids):
+            raise RuntimeError(f"seq {seq_id}: {len(token_ids)} response tokens but "
+                               f"{'no' if logprobs is None else len(logprobs)} behaviour log-probs")
+        rec.response_ids, rec.response_logprobs, rec.response_version = list(token_ids), list(logprobs), version
+        rec.response_min_version = version if min_version is None else min_version
         rec.judge_prompt_ids = self._judge_prompt(rec)
         return rec.judge_prompt_ids
 
@@ -110,7 +118,8 @@ class RolloutBook:
         shards: list[dict[str, list[Any]]] = []
         base = step * self.seqs_per_step
         for i in range(num_shards):
-            shard: dict[str, list[Any]] = {"prompt_ids": [], "response_ids": [], "group_ids": [], "rewards": []}
+            shard: dict[str, list[Any]] = {"prompt_ids": [], "response_ids": [], "group_ids": [], "rewards": [],
+                                           "behaviour_logprobs": []}
             for seq_id in range(base + i * per * self.group_size, base + (i + 1) * per * self.group_size):
                 rec = self.records[seq_id]
                 assert rec.response_ids is not None and rec.reward is not None, f"seq {seq_id} is not rewarded"
@@ -118,6 +127,7 @@ class RolloutBook:
                 shard["response_ids"].append(rec.response_ids)
                 shard["group_ids"].append(rec.group_id)
                 shard["rewards"].append(rec.reward.total)
+                shard["behaviour_logprobs"].append(rec.response_logprobs)
             shards.append(shard)
         return shards
 
@@ -125,7 +135,7 @@ class RolloutBook:
         """Reward and staleness figures of a step (for metrics.jsonl)."""
         rewards = self.step_rewards[step]
         recs = [self.records[s] for s in range(step * self.seqs_per_step, (step + 1) * self.seqs_per_step)]
-        lags = [step - r.response_version for r in recs if r.response_version is not None]
+        lags = [step - r.response_min_version for r in recs if r.response_min_version is not None]
         totals = rewards.totals
         mean = sum(totals) / len(totals) if totals else None
         std = math.sqrt(sum((t - mean) ** 2 for t in totals) / len(totals)) if totals and mean is not None else None
@@ -136,8 +146,24 @@ class RolloutBook:
                 "genrm_parsed": rewards.stats.num_parsed, "genrm_parse_failures": rewards.stats.num_unparsed,
                 "num_dropped": rewards.stats.num_dropped, "version_lag_max": max(lags) if lags else None,
                 "version_lag_mean": sum(lags) / len(lags) if lags else None,
+                "version_lag_counts": {str(lag): lags.count(lag) for lag in sorted(set(lags))},
                 "response_tokens": sum(len(r.response_ids or ()) for r in recs),
                 "judgement_tokens": sum(len(r.judgement_ids or ()) for r in recs)}
+
+    def step_sequences(self, step: int) -> list[dict[str, Any]]:
+        """The trace of a step: every sequence's tokens, behaviour log-probs, versions, judgement and reward."""
+        out = []
+        for seq_id in range(step * self.seqs_per_step, (step + 1) * self.seqs_per_step):
+            rec = self.records[seq_id]
+            reward = rec.reward
+            out.append({"step": step, "seq_id": seq_id, "group_id": rec.group_id, "prompt_id": rec.prompt.prompt_id,
+                        "prompt_ids": rec.prompt_ids, "response_ids": rec.response_ids,
+                        "behaviour_logprobs": rec.response_logprobs, "response_version": rec.response_version,
+                        "response_min_version": rec.response_min_version, "judgement_ids": rec.judgement_ids,
+                        "reward": None if reward is None else reward.total,
+                        "verifiable": None if reward is None else reward.verifiable.score,
+                        "genrm": None if reward is None or reward.is_genrm_missing else reward.genrm.value})
+        return out
 
     # ------------------------------------------------------------------ internals
     def _response_text(self, rec: SeqRecord) -> str:

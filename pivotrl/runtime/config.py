@@ -36,7 +36,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from pivotrl.control.config import DEPLOYMENT_KINDS, DeploymentConfig
 from pivotrl.roles.data import MAX_ARITHMETIC_PROMPTS, PromptDataset
-from pivotrl.roles.reward import RewardConfig
+from pivotrl.roles.reward import RewardConfig, score_choices
 from pivotrl.roles.trainer import TrainerConfig
 
 if typing.TYPE_CHECKING:
@@ -65,6 +65,7 @@ class RunConfig:
     num_steps: int = 3  # RL steps (each: rollout -> GenRM reward -> GRPO training)
     progress: bool = True  # console progress bar (one line per step when stdout is not a terminal)
     timeout_s: float = 1800.0  # seconds; the whole run aborts with a message after this
+    write_sequences: bool = False  # trace every sequence (tokens, log-probs, versions, reward) in sequences.jsonl
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -136,6 +137,32 @@ class DataConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    """Validation (§8.7): greedy accuracy and avg@k of the policy on a held-out set."""
+
+    every: int = 0  # validate the policy before step 0 and after every ``every``-th step (and the last); 0: never
+    path: str | None = None  # held-out .parquet / .jsonl (e.g. AIME-2024); None: the held-out arithmetic split
+    num_prompts: int = 32  # size of the held-out arithmetic split (used when path is None)
+    k: int = 4  # sampled responses per prompt (avg@k); 0: greedy only
+    temperature: float = 1.0  # of the sampled responses
+    max_tokens: int | None = None  # response budget; None: rollout.max_tokens
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"every: must be >= 0 (0: no validation), got {self.every}")
+        if self.path is not None and Path(self.path).suffix not in DATA_SUFFIXES:
+            raise ConfigError(f"path: must end with one of {DATA_SUFFIXES} or be null, got {self.path!r}")
+        if not 1 <= self.num_prompts <= MAX_ARITHMETIC_PROMPTS:
+            raise ConfigError(f"num_prompts: must be in [1, {MAX_ARITHMETIC_PROMPTS}], got {self.num_prompts}")
+        if self.k < 0:
+            raise ConfigError(f"k: must be >= 0 (0: greedy only), got {self.k}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"temperature: must be a positive number, got {self.temperature}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(f"max_tokens: must be >= 1 or null, got {self.max_tokens}")
+
+
+@dataclass(kw_only=True, slots=True)
 class EngineSection:
     """Engine and sampling settings of one inference role (``rollout`` or ``genrm``)."""
 
@@ -148,6 +175,10 @@ class EngineSection:
     release: Literal["auto", "sleep", "teardown", "keep"] = "auto"  # shift down: vLLM sleep mode, engine
     # tear-down, or keep (the idle engine stays allocated, a shift up only loads weights; auto: tear-down on
     # CPU, where sleep frees nothing, sleep on GPUs)
+    output: Literal["free", "score", "regex"] = "free"  # what every sequence may be (vLLM structured outputs;
+    # genrm only, rollout stays free): free text; score: exactly one grade "Score: 0/N" ... "Score: N/N" of
+    # N = reward.score_scale (no reasoning); regex: a full match of output_regex
+    output_regex: str = ""  # output = regex: Python re syntax, ASCII classes, e.g. "[^\n]{0,200}\nScore: (10|[0-9])/10"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -163,15 +194,40 @@ class EngineSection:
             raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype: must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        _check_output(self.output, self.output_regex)
 
-    def engine_config(self, *, model_path: str, tp: int, seed: int) -> EngineConfig:
-        """The ``EngineConfig`` of one replica of this role."""
+    def engine_config(self, *, model_path: str, tp: int, seed: int, score_scale: float | None = None) -> EngineConfig:
+        """The ``EngineConfig`` of one replica of this role; ``output = score`` needs ``score_scale``
+        (``reward.score_scale``), whose integer grades become the engine's choices."""
         from pivotrl.roles.engine import EngineConfig
 
+        choices: tuple[str, ...] = ()
+        if self.output == "score":
+            if score_scale is None:
+                raise ValueError("engine_config: output = score needs score_scale (reward.score_scale)")
+            choices = score_choices(score_scale)
         return EngineConfig(model_path=model_path, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             max_model_len=self.max_model_len, tensor_parallel_size=tp, seed=seed,
-                            release=self.release)
+                            release=self.release, structured=_STRUCTURED[self.output], structured_choices=choices,
+                            structured_regex=self.output_regex)
+
+
+_STRUCTURED = {"free": "free", "score": "choice", "regex": "regex"}  # EngineSection.output -> EngineConfig.structured
+
+
+def _check_output(output: str, output_regex: str) -> None:
+    if output not in _STRUCTURED:
+        raise ConfigError(f"output: must be one of free, score, regex; got {output!r}")
+    if output != "regex" and output_regex:
+        raise ConfigError(f"output_regex: only used with output = regex, got output = {output!r}")
+    if output == "regex":
+        from pivotrl.roles.structured import regex_dfa
+
+        try:
+            regex_dfa(output_regex)
+        except ValueError as err:
+            raise ConfigError(f"output_regex: {err}") from None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -199,11 +255,14 @@ class PipelineConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gps: GPSSection = field(default_factory=GPSSection)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         _check_tp(self)
         _check_deployment(self)
         _check_batch(self)
+        _check_outputs(self)
+        _check_temperature(self)
 
     @property
     def num_devices(self) -> int:
@@ -227,6 +286,8 @@ class PipelineConfig:
             _check_checkpoint(key, getattr(self.models, key), engine, "rollout" if key == "policy" else "genrm")
         if self.data.path is not None:
             load_prompts(self)
+        if self.eval.every and self.eval.path is not None:
+            load_eval_prompts(self)
 
     def to_yaml(self) -> str:
         """The resolved config as YAML (``load_config`` of this text gives an equal config)."""
@@ -275,6 +336,22 @@ def load_prompts(cfg: PipelineConfig) -> PromptDataset:
     return dataset
 
 
+def load_eval_prompts(cfg: PipelineConfig) -> PromptDataset:
+    """The held-out validation set of ``cfg.eval``; ``ConfigError`` naming ``eval.path`` if unusable."""
+    if cfg.eval.path is None:
+        from pivotrl.roles.data import heldout_arithmetic
+
+        return heldout_arithmetic(cfg.eval.num_prompts)
+    path = Path(cfg.eval.path)
+    if not path.is_file():
+        raise ConfigError(f"eval.path: no such file: {str(path)!r} (give a .parquet or .jsonl file, or null for "
+                          "the held-out arithmetic split)")
+    try:
+        return PromptDataset.from_file(path)
+    except Exception as err:  # noqa: BLE001 (any failure to read the file is the file's fault; say so)
+        raise ConfigError(f"eval.path: {str(path)!r} cannot be used: {err}") from None
+
+
 # ---------------------------------------------------------------- cross-section checks (no I/O)
 def _check_tp(cfg: PipelineConfig) -> None:
     per_node = cfg.cluster.devices_per_node
@@ -312,6 +389,32 @@ def _check_batch(cfg: PipelineConfig) -> None:
         raise ConfigError(f"data.prompts_per_step: must be a multiple of the {num_training} training devices "
                           f"({where}) so that each training rank gets whole GRPO groups, got "
                           f"{cfg.data.prompts_per_step}")
+
+
+def _check_temperature(cfg: PipelineConfig) -> None:
+    """The trainer's log-probs must be taken at the temperature the rollouts were sampled at (greedy: 1)."""
+    sampled_at = cfg.rollout.temperature or 1.0
+    if cfg.trainer.temperature != sampled_at:
+        raise ConfigError(f"trainer.temperature: must equal the rollouts' sampling temperature {sampled_at} "
+                          f"(rollout.temperature; 1.0 for greedy rollouts), got {cfg.trainer.temperature}: the "
+                          "policy ratio and the behaviour log-probs are taken at that temperature")
+
+
+def _check_outputs(cfg: PipelineConfig) -> None:
+    """Only the GenRM's output is constrained; ``score`` needs integer grades that fit in ``genrm.max_tokens``."""
+    if cfg.rollout.output != "free":
+        raise ConfigError(f"rollout.output: must be 'free' (the policy's responses are never constrained; "
+                          f"genrm.output constrains the GenRM's judgements), got {cfg.rollout.output!r}")
+    if cfg.genrm.output != "score":
+        return
+    try:
+        longest = max(score_choices(cfg.reward.score_scale), key=len)
+    except ValueError as err:
+        raise ConfigError(f"reward.{err} (genrm.output = score writes the grades Score: 0/N ... Score: N/N)") from None
+    if cfg.genrm.max_tokens < len(longest) + 1:  # a token holds >= 1 character of an ASCII grade, + end of sequence
+        raise ConfigError(f"genrm.max_tokens: must be >= {len(longest) + 1} with genrm.output = score (the grade "
+                          f"{longest!r} is {len(longest)} characters, then the end-of-sequence token), "
+                          f"got {cfg.genrm.max_tokens}")
 
 
 def _check_checkpoint(key: str, model: str, engine: EngineSection, engine_key: str) -> None:

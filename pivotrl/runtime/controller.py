@@ -57,6 +57,10 @@ class ControllerSpec:
     kv_capacity_tokens: dict[str, int]  # per inference role
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured
     timeout_s: float = 1800.0
+    eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
+
+    def validates_after(self, step: int, num_steps: int) -> bool:
+        return self.eval_every > 0 and ((step + 1) % self.eval_every == 0 or step == num_steps - 1)
 
     @property
     def num_devices(self) -> int:
@@ -68,6 +72,8 @@ class _Live:
     """A sequence the controller is generating (one per role and seq_id)."""
 
     generated_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)  # of ``generated_ids``, as of the last abort
+    min_version: int | None = None  # oldest policy version that generated any of its tokens
     replica_id: int | None = None  # the engine it runs on (None: queued or in transit)
     in_transit: bool = False  # aborted, its Aborted reply not back yet
     pending: RuntimeReplica | None = None  # dispatched while in transit: add it there when the reply comes
@@ -201,7 +207,8 @@ class RuntimeCluster:
         self._training = device_ids
         for device, shard in zip(device_ids, self.book.batch_shards(step, len(device_ids))):
             self.trained_sequences[step] = self.trained_sequences.get(step, 0) + len(shard["response_ids"])
-            self.bus.send(device, m.Train(step=step, **shard))
+            self.bus.send(device, m.Train(step=step, **shard, validate_before=step == 0 and self.spec.eval_every > 0,
+                                          validate_after=self.spec.validates_after(step, self.plane.ledger.num_steps)))
         self.clock.call_at(self.clock.now(), self.plane.training_started)
 
     def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
@@ -221,8 +228,11 @@ class RuntimeCluster:
     # ------------------------------------------------------------------ sequences
     def seq_to_add(self, role: str, seq_id: int, live: _Live) -> m.SeqToAdd:
         sampling = self.spec.sampling[role]
+        logprobs = live.logprobs if live.logprobs is not None and len(live.logprobs) == len(live.generated_ids) \
+            else None
         return m.SeqToAdd(seq_id=seq_id, prompt_ids=self.book.prompt_ids(role, seq_id),
-                          generated_ids=list(live.generated_ids), max_tokens=sampling.max_tokens,
+                          generated_ids=list(live.generated_ids), generated_logprobs=logprobs,
+                          max_tokens=sampling.max_tokens,
                           temperature=sampling.temperature)
 
     # ------------------------------------------------------------------ messages
@@ -262,6 +272,7 @@ class RuntimeCluster:
         for seq_id, new_ids in msg.tokens:
             rec = live.get(seq_id)
             if rec is not None and rec.replica_id == msg.replica_id and not rec.in_transit:
+                rec.min_version = msg.version if rec.min_version is None else min(rec.min_version, msg.version)
                 rec.generated_ids.extend(new_ids)
                 driver.set_generated(seq_id, len(rec.generated_ids))
         for fin in msg.finished:
@@ -280,18 +291,20 @@ class RuntimeCluster:
         else:  # it finished before its abort reached the engine: take it out wherever the scheduler put it
             driver.scheduler.cancel(fin.seq_id)
         if role == "rollout":
-            self.book.response_done(fin.seq_id, fin.token_ids, version)
+            oldest = version if rec.min_version is None else min(rec.min_version, version)
+            self.book.response_done(fin.seq_id, fin.token_ids, version, logprobs=fin.logprobs, min_version=oldest)
         else:
             self.book.judgement_done(fin.seq_id, fin.token_ids)
         self.plane.sequence_finished(role, fin.seq_id)
 
     def _on_Aborted(self, device: int, msg: m.Aborted) -> None:
         role = self._role_of(msg.replica_id)
-        for seq_id, ids in msg.partial:
+        for part in msg.partial:
+            seq_id = part.seq_id
             rec = self.live[role].get(seq_id)
             if rec is None:
                 continue  # finished meanwhile (already counted)
-            rec.generated_ids, rec.in_transit = list(ids), False
+            rec.generated_ids, rec.logprobs, rec.in_transit = list(part.token_ids), part.logprobs, False
             dest, rec.pending = rec.pending, None
             where = self._where(role, seq_id)
             if dest is not None and where == dest.replica_id and dest.replica_id in self.replicas:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
     "MESSAGES", "Aborted", "AbortSequences", "AddSequences", "Bye", "FinishedSeq", "GpsWrite", "LoadVersion",
-    "Message", "Progress", "Reloaded", "ReplicaDown", "ReplicaUp", "Saved", "SavePolicy", "SeqToAdd", "Shutdown",
+    "Message", "PartialSeq", "Progress", "Reloaded", "ReplicaDown", "ReplicaUp", "Saved", "SavePolicy", "SeqToAdd", "Shutdown",
     "StartReplica", "StopReplica", "StopTraining", "Train", "Trained", "TrainingDown", "WorkerError",
     "WorkerMessage", "Written", "decode",
 ]
@@ -62,6 +62,7 @@ class SeqToAdd:
     seq_id: int
     prompt_ids: list[int]
     generated_ids: list[int]
+    generated_logprobs: list[float] | None  # behaviour log-prob of each of ``generated_ids``; None: unknown
     max_tokens: int  # generation budget, counting ``generated_ids``
     temperature: float
 
@@ -73,6 +74,16 @@ class FinishedSeq:
     seq_id: int
     token_ids: list[int]
     finish_reason: str  # "stop" or "length"
+    logprobs: list[float] | None  # behaviour log-prob of each of ``token_ids``; None: unknown
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartialSeq:
+    """An aborted sequence: every token it generated so far (incl. those it came with), with log-probs."""
+
+    seq_id: int
+    token_ids: list[int]
+    logprobs: list[float] | None
 
 
 # ---------------------------------------------------------------------- controller -> worker
@@ -128,6 +139,9 @@ class Train(Message):
     response_ids: list[list[int]]
     group_ids: list[int]
     rewards: list[float | None]  # None: the sequence is dropped
+    behaviour_logprobs: list[list[float]]  # per response token, under the policy that sampled it
+    validate_before: bool  # validate the policy before the update (the step's input version)
+    validate_after: bool  # validate the policy after the update (the version this step publishes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,7 +215,7 @@ class Aborted(WorkerMessage):
 
     kind: ClassVar[str] = "Aborted"
     replica_id: int
-    partial: list[TokenPair]
+    partial: list[PartialSeq]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -303,6 +317,10 @@ def _value(tp: Any, value: Any, where: str) -> Any:
         if value not in args:
             raise ValueError(f"{where}: must be one of {list(args)}, got {value!r}")
         return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value
     if tp is int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{where}: expected an int, got {value!r}")
@@ -344,7 +362,7 @@ def _plain_record(value: Any) -> dict[str, Any]:
 
 
 _FIELD_TYPES: dict[type, dict[str, Any]] = {
-    cls: typing.get_type_hints(cls) for cls in (*MESSAGES.values(), SeqToAdd, FinishedSeq)}  # read-only table
+    cls: typing.get_type_hints(cls) for cls in (*MESSAGES.values(), SeqToAdd, FinishedSeq, PartialSeq)}  # read-only table
 
 
 def _hints(cls: type) -> dict[str, Any]:

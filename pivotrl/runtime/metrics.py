@@ -27,6 +27,13 @@ def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[s
     if stats:
         row["loss"] = stats[0].get("loss")
         row["train_seconds"] = max(s.get("seconds", 0.0) for s in stats)
+        for key in _GLOBAL_TRAIN_STATS:  # the trainer reduces these over its ranks
+            if key in stats[0]:
+                row[key] = stats[0][key]
+        for when in ("eval_before", "eval_after"):
+            shares = [s[when] for s in stats if when in s]
+            if shares:
+                row[when] = validation(shares)
     totals = {r: cluster.tokens_by_role[r] for r in INFERENCE_ROLES}
     before = prev.get("tokens_total_by_role", {r: 0 for r in INFERENCE_ROLES})
     row["tokens_by_role"] = {r: totals[r] - before[r] for r in INFERENCE_ROLES}
@@ -42,6 +49,19 @@ def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[s
     row["num_plans"] = len(cluster.plane.shifts)
     row["devices_by_role"] = cluster.plane.devices_by_role()
     return row
+
+
+_GLOBAL_TRAIN_STATS = ("num_tokens", "clip_fraction", "grad_norm", "ratio_max_abs_dev", "behaviour_weight_mean",
+                       "behaviour_weight_max", "num_capped")
+
+
+def validation(shares: list[dict[str, Any]]) -> dict[str, Any]:
+    """One validation from the training ranks' shares: greedy accuracy and avg@k over the whole set."""
+    prompts, samples = sum(s["num_prompts"] for s in shares), sum(s["num_samples"] for s in shares)
+    greedy, sampled = sum(s["greedy_correct"] for s in shares), sum(s["sampled_correct"] for s in shares)
+    return {"version": shares[0]["version"], "num_prompts": prompts, "greedy_accuracy": greedy / prompts,
+            "k": samples // prompts, "avg_at_k": sampled / samples if samples else None,
+            "seconds": max(s["seconds"] for s in shares)}
 
 
 def accounting(cluster: RuntimeCluster) -> dict[str, Any]:

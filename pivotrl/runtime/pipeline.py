@@ -157,9 +157,22 @@ def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple
     trainer = replace(cfg.trainer, device=device, pad_token_id=pad if pad is not None else cfg.trainer.pad_token_id)
     return WorkerSpec(device_id=rank, policy_path=str(policy), genrm_path=str(genrm),
                       rollout_engine=cfg.rollout.engine_config(model_path=str(policy), tp=1, seed=cfg.run.seed),
-                      reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=1, seed=cfg.run.seed + 1),
+                      reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=1, seed=cfg.run.seed + 1,
+                                                            score_scale=cfg.reward.score_scale),
                       trainer=trainer,
-                      training_device_ids=training)
+                      training_device_ids=training, validation=_validation(cfg, rank, training))
+
+
+def _validation(cfg: Any, rank: int, training: tuple[int, ...]) -> Any:
+    """This training rank's share of the held-out set (every len(training)-th record); None elsewhere."""
+    from pivotrl.runtime.config import load_eval_prompts
+    from pivotrl.runtime.worker import Validation
+
+    if not cfg.eval.every or rank not in training:
+        return None
+    records = list(load_eval_prompts(cfg))[training.index(rank)::len(training)]
+    return Validation(records=records, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                      max_tokens=cfg.eval.max_tokens or cfg.rollout.max_tokens, seed=cfg.run.seed, reward=cfg.reward)
 
 
 # ---------------------------------------------------------------------- the controller thread
@@ -176,6 +189,8 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
         with Progress(cfg.run.num_steps, enabled=cfg.run.progress) as progress:
             def on_step(row: dict[str, Any]) -> None:
                 folder.append_metrics(row)
+                if cfg.run.write_sequences:
+                    folder.append_sequences(cluster.book.step_sequences(row["step"]))
                 progress.step_done(num_tokens=sum(row["tokens_total_by_role"].values()), elapsed_s=row["time_s"],
                                    num_shifts=len(cluster.plane.shifts) if cluster else 0)
 
@@ -240,7 +255,7 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -
                                                         temperature=cfg.rollout.temperature),
                                     "reward": Sampling(max_tokens=cfg.genrm.max_tokens,
                                                        temperature=cfg.genrm.temperature)},
-                          belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF})
+                          belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every)
     staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, staleness=staleness, on_step=on_step)

@@ -27,6 +27,7 @@ __all__ = ["Progress", "RunFolder", "summary_line"]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+SEQUENCES_FILE = "sequences.jsonl"
 SUMMARY_FILE = "summary.json"
 POLICY_DIR = "policy"
 _MAX_CREATE_TRIES = 16
@@ -84,6 +85,23 @@ class RunFolder:
         with self.metrics_path.open("a") as f:
             f.write(line + "\n")
             f.flush()
+
+    @property
+    def sequences_path(self) -> Path:
+        return self.path / SEQUENCES_FILE
+
+    def append_sequences(self, records: list[Mapping[str, Any]]) -> None:
+        """Append one JSON line per sequence to ``sequences.jsonl`` (the run's trace) and flush it."""
+        lines = [json.dumps(_finite(r, "sequence record"), allow_nan=False) for r in records]
+        with self.sequences_path.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+
+    def read_sequences(self) -> list[dict[str, Any]]:
+        if not self.sequences_path.exists():
+            return []
+        with self.sequences_path.open() as f:
+            return [json.loads(line) for line in f if line.strip()]
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record appended so far, in order."""

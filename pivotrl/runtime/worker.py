@@ -31,7 +31,9 @@ import torch
 
 from pivotrl.gps.config import WriteHandle
 from pivotrl.gps.layout import Parallelism
+from pivotrl.roles.data import PromptRecord
 from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling, StepResult
+from pivotrl.roles.reward import RewardConfig
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
 from pivotrl.runtime.bus import WorkerBus
 from pivotrl.runtime.messages import (
@@ -43,6 +45,7 @@ from pivotrl.runtime.messages import (
     GpsWrite,
     LoadVersion,
     Message,
+    PartialSeq,
     Progress,
     Reloaded,
     ReplicaDown,
@@ -72,6 +75,18 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
 @dataclass(kw_only=True, slots=True)
+class Validation:
+    """A training device's share of the held-out set and how to score it (see ``evaluate_policy``)."""
+
+    records: list[PromptRecord]
+    k: int
+    temperature: float
+    max_tokens: int
+    seed: int
+    reward: RewardConfig
+
+
+@dataclass(kw_only=True, slots=True)
 class WorkerSpec:
     """What one device's worker serves and where its models come from."""
 
@@ -83,6 +98,7 @@ class WorkerSpec:
     trainer: TrainerConfig
     training_device_ids: tuple[int, ...]  # the fixed training device set
     report_interval_s: float = 0.02  # at most this long between Progress reports while tokens flow
+    validation: Validation | None = None  # this training device's share of the held-out set (§8.7)
 
     def __post_init__(self) -> None:
         if self.device_id < 0:
@@ -115,7 +131,8 @@ class _ProgressBuffer:
         for f in result.finished:
             self.tokens.pop(f.seq_id, None)
             self.finished.append(FinishedSeq(seq_id=f.seq_id, token_ids=list(f.token_ids),
-                                             finish_reason=f.finish_reason))
+                                             finish_reason=f.finish_reason,
+                                             logprobs=None if f.logprobs is None else list(f.logprobs)))
         p = result.progress
         self.num_new_tokens += p.num_new_tokens
         self.latency_s += p.latency_s
@@ -283,7 +300,7 @@ class Worker:
         for s in msg.seqs:
             try:
                 replica.add(s.seq_id, s.prompt_ids, generated_ids=s.generated_ids,
-                            sampling=SequenceSampling(max_tokens=s.max_tokens, temperature=s.temperature))
+                            generated_logprobs=s.generated_logprobs, sampling=SequenceSampling(max_tokens=s.max_tokens, temperature=s.temperature))
             except (TypeError, ValueError) as err:
                 failed.append(f"seq {s.seq_id}: {err}")
         if failed:
@@ -298,7 +315,10 @@ class Worker:
     def _abort_and_report(self, live: _LiveReplica, seq_ids: list[int]) -> None:
         self._flush_progress(force=True)
         partial = live.role.replica.abort(seq_ids) if seq_ids else {}
-        self._send(Aborted, replica_id=live.replica_id, partial=list(partial.items()))
+        self._send(Aborted, replica_id=live.replica_id,
+                   partial=[PartialSeq(seq_id=seq_id, token_ids=list(p.token_ids),
+                                       logprobs=None if p.logprobs is None else list(p.logprobs))
+                            for seq_id, p in partial.items()])
 
     def _stop_replica(self, msg: StopReplica) -> None:
         live = self._require_live(msg.replica_id)
@@ -332,11 +352,30 @@ class Worker:
         if not self.manager.is_up(self._training):
             report = self.manager.shift_up(self._training).as_row()
         start = time.perf_counter()
+        extra = {"eval_before": self._validate(msg.step)} if msg.validate_before else {}
         stats = self._training.trainer.step(GRPOBatch(prompt_ids=msg.prompt_ids, response_ids=msg.response_ids,
-                                                      group_ids=msg.group_ids, rewards=msg.rewards))
+                                                      group_ids=msg.group_ids, rewards=msg.rewards,
+                                                      behaviour_logprobs=msg.behaviour_logprobs))
+        if msg.validate_after:
+            extra["eval_after"] = self._validate(msg.step + 1)
         seconds = time.perf_counter() - start
         self._snapshot = {n: t.detach().clone() for n, t in self._training.trainer.state_dict_hf().items()}
-        self._send(Trained, step=msg.step, stats=_finite({**asdict(stats), "seconds": seconds}), report=report)
+        self._send(Trained, step=msg.step, stats=_finite({**asdict(stats), "seconds": seconds}) | extra,
+                   report=report)
+
+    def _validate(self, version: int) -> dict[str, Any]:
+        """Counts of this device's share of the held-out set under the trainer's current parameters."""
+        v = self.spec.validation
+        if v is None:
+            raise ValueError(f"Train: validation asked of device {self.device}, which has no held-out share")
+        from pivotrl.roles.evaluation import evaluate_policy
+        from pivotrl.roles.tiny import load_tokenizer
+
+        start = time.perf_counter()
+        counts = evaluate_policy(self._training.trainer.model, load_tokenizer(self.spec.policy_path), v.records,
+                                 k=v.k, temperature=v.temperature, max_tokens=v.max_tokens, seed=v.seed + version,
+                                 reward=v.reward)
+        return {**asdict(counts), "version": version, "seconds": time.perf_counter() - start}
 
     def _build_training(self) -> TrainingRole:
         ids = self.spec.training_device_ids

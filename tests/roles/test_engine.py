@@ -33,13 +33,19 @@ def replicas(make_replica) -> tuple[EngineReplica, EngineReplica]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(replicas: tuple[EngineReplica, EngineReplica]) -> dict[int, tuple[int, ...]]:
+def reference(replicas: tuple[EngineReplica, EngineReplica]) -> dict[int, FinishedSequence]:
     a, _ = replicas
     for seq_id, prompt in PROMPTS.items():
         a.add(seq_id, prompt, sampling=sampling(seq_id))
     done = drain(a)
     assert all(f.finish_reason == "length" and len(f.token_ids) == MAX_TOKENS for f in done.values())
-    return {s: f.token_ids for s, f in done.items()}
+    assert all(f.logprobs is not None and len(f.logprobs) == MAX_TOKENS for f in done.values())
+    return done
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(reference: dict[int, FinishedSequence]) -> dict[int, tuple[int, ...]]:
+    return {s: f.token_ids for s, f in reference.items()}
 
 
 def test_sequences_differ_by_seq_id(uninterrupted: dict[int, tuple[int, ...]]) -> None:
@@ -47,8 +53,9 @@ def test_sequences_differ_by_seq_id(uninterrupted: dict[int, tuple[int, ...]]) -
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_abort_and_resume_elsewhere_matches_uninterrupted(replicas, uninterrupted, seed: int) -> None:
-    """Each sequence is aborted at a random point, resumed on the other engine, some moved twice."""
+def test_abort_and_resume_elsewhere_matches_uninterrupted(replicas, reference, uninterrupted, seed: int) -> None:
+    """Each sequence is aborted at a random point, resumed on the other engine, some moved twice: same
+    tokens, and the same behaviour log-probs (within float noise of a different batch composition)."""
     rng = random.Random(seed)
     engines = list(replicas)
     moves = {s: sorted(rng.sample(range(1, MAX_TOKENS - 1), rng.choice([1, 2]))) for s in PROMPTS}
@@ -67,11 +74,42 @@ def test_abort_and_resume_elsewhere_matches_uninterrupted(replicas, uninterrupte
                 continue
             points.pop(0)
             partial = source.abort([seq_id])[seq_id]
-            abort_lengths.append(len(partial))
+            abort_lengths.append(len(partial.token_ids))
             where[seq_id] = 1 - where[seq_id]
-            engines[where[seq_id]].add(seq_id, PROMPTS[seq_id], generated_ids=partial, sampling=sampling(seq_id))
+            engines[where[seq_id]].add(seq_id, PROMPTS[seq_id], generated_ids=partial.token_ids,
+                                       generated_logprobs=partial.logprobs, sampling=sampling(seq_id))
     assert len(set(abort_lengths)) >= 3  # several different abort points
     assert {s: f.token_ids for s, f in done.items()} == uninterrupted
+    for seq_id, f in done.items():
+        assert f.logprobs == pytest.approx(reference[seq_id].logprobs, abs=1e-5), seq_id
+
+
+def test_logprobs_are_the_sampling_distribution_at_each_temperature(reference, tiny) -> None:
+    """The engine's behaviour log-probs equal log softmax(logits / T) of the HF model (T = 0: T = 1)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny.policy_path), dtype=torch.float32).eval()
+    worst = 0.0
+    for seq_id, f in reference.items():
+        ids = torch.tensor([[*PROMPTS[seq_id], *f.token_ids]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(PROMPTS[seq_id]) - 1:-1].double()
+        temperature = TEMPERATURES[seq_id] or 1.0
+        expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[0, len(PROMPTS[seq_id]):, None])
+        worst = max(worst, float((expected[:, 0] - torch.tensor(f.logprobs, dtype=torch.float64)).abs().max()))
+    print(f"largest |engine - HF| log-prob deviation: {worst:.2e}")
+    assert worst < 1e-3
+    hot, cold = reference[4], reference[2]  # T = 1.3 and T = 1.0: the values are not just raw log-probs
+    assert all(v <= 0 for v in (*hot.logprobs, *cold.logprobs))
+
+
+def test_add_checks_generated_logprobs(replicas) -> None:
+    with pytest.raises(ValueError, match="generated_logprobs"):
+        replicas[1].add(OTHER, [1, 2], generated_ids=[3, 4], generated_logprobs=[-1.0], sampling=sampling(0))
+    replicas[1].add(OTHER, [1, 2], generated_ids=[3, 4], sampling=sampling(0, max_tokens=4))
+    (finished,) = drain(replicas[1]).values()
+    assert finished.logprobs is None  # tokens it came with had none
 
 
 def test_stop_token_ends_the_sequence(replicas, uninterrupted) -> None:

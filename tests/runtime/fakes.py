@@ -95,17 +95,19 @@ class FakeBus:
             assert s.seq_id not in rep.seqs, f"seq {s.seq_id} added twice to replica {rep.replica_id}"
             assert all(s.seq_id not in r.seqs for r in self.replicas.values() if r.role == rep.role), \
                 f"{rep.role} seq {s.seq_id} runs on two replicas"
+            assert s.generated_logprobs == fake_logprobs(len(s.generated_ids)), \
+                f"seq {s.seq_id} came back with log-probs {s.generated_logprobs} for {len(s.generated_ids)} tokens"
             rep.seqs[s.seq_id] = (list(s.generated_ids), s.max_tokens)
 
     def _AbortSequences(self, device: int, msg: m.AbortSequences) -> None:
         rep = self.replicas[msg.replica_id]
-        partial = [(s, rep.seqs.pop(s)[0]) for s in msg.seq_ids if s in rep.seqs]
+        partial = [_partial(s, rep.seqs.pop(s)[0]) for s in msg.seq_ids if s in rep.seqs]
         self._reply(device, m.Aborted, replica_id=msg.replica_id, partial=partial)
 
     def _StopReplica(self, device: int, msg: m.StopReplica) -> None:
         rep = self.replicas.pop(msg.replica_id)
         if rep.seqs:
-            self._reply(device, m.Aborted, replica_id=rep.replica_id, partial=[(s, g) for s, (g, _) in rep.seqs.items()])
+            self._reply(device, m.Aborted, replica_id=rep.replica_id, partial=[_partial(s, g) for s, (g, _) in rep.seqs.items()])
         self.held[device] = []
         self._reply(device, m.ReplicaDown, replica_id=rep.replica_id, report=self._report(rep.role, "down", device))
 
@@ -124,6 +126,8 @@ class FakeBus:
             report = self._report("training", "up", device)
         self.trained_steps.append(msg.step)
         self.trained_sequences += len(msg.response_ids)
+        for response, logprobs in zip(msg.response_ids, msg.behaviour_logprobs, strict=True):
+            assert logprobs == fake_logprobs(len(response)), "behaviour log-probs do not line up with the tokens"
         self._reply(device, m.Trained, step=msg.step, stats={"loss": 0.0, "seconds": 0.01}, report=report)
 
     def _GpsWrite(self, device: int, msg: m.GpsWrite) -> None:
@@ -154,10 +158,20 @@ class FakeBus:
                 self.generated_tokens += 1
                 if len(gen) >= min(length, max_tokens):
                     del rep.seqs[seq_id]
-                    finished.append(m.FinishedSeq(seq_id=seq_id, token_ids=list(gen), finish_reason="stop"))
+                    finished.append(m.FinishedSeq(seq_id=seq_id, token_ids=list(gen), finish_reason="stop",
+                                                  logprobs=fake_logprobs(len(gen))))
                 else:
                     tokens.append((seq_id, [gen[-1]]))
             self._reply(rep.device, m.Progress, replica_id=rep.replica_id, tokens=tokens, finished=finished,
                         num_running_seqs=len(rep.seqs), kv_used_tokens=10 * len(rep.seqs),
                         num_new_tokens=len(tokens) + len(finished), latency_s=0.001, num_steps=1,
                         version=rep.version)
+
+
+def _partial(seq_id: int, generated: list[int]) -> m.PartialSeq:
+    return m.PartialSeq(seq_id=seq_id, token_ids=list(generated), logprobs=fake_logprobs(len(generated)))
+
+
+def fake_logprobs(num_tokens: int) -> list[float]:
+    """The fake engine's behaviour log-prob of the token at each position: ``-(position + 1) / 8``."""
+    return [-(i + 1) / 8 for i in range(num_tokens)]

@@ -123,11 +123,27 @@ BAD = [
     (["rollout.max_model_len=5000", "rollout.kv_cache_bytes=null"], "rollout.max_model_len", "4096"),
     (["genrm.temperature=-1"], "genrm.temperature", ">= 0"),
     (["genrm.dtype=int8"], "genrm.dtype", "float32"),
+    (["rollout.output=score"], "rollout.output", "must be 'free'"),
+    (["genrm.output=json"], "genrm.output", "expected one of"),
+    (["genrm.output=regex"], "genrm.output_regex", "non-empty"),
+    (["genrm.output=regex", "genrm.output_regex=a{2,1}"], "genrm.output_regex", "not a valid regular expression"),
+    (["genrm.output=regex", "genrm.output_regex=^Score"], "genrm.output_regex", "anchors"),
+    (["genrm.output_regex=a+"], "genrm.output_regex", "only used with output = regex"),
+    (["reward.score_scale=2.5"], "reward.score_scale", "integer"),
+    (["genrm.max_tokens=12"], "genrm.max_tokens", ">= 13"),
     (["reward.on_unparsed=x"], "reward.on_unparsed", "verifiable_only"),
     (["reward.tail_chars=0"], "reward.tail_chars", ">= 1"),
     (["trainer.lr=-1"], "trainer.lr", ">= 0"),
     (["trainer.betas=[1,2,3]"], "trainer.betas", ""),
     (["trainer.dtype=float16"], "trainer.dtype", "bfloat16"),
+    (["rollout.temperature=0.7"], "trainer.temperature", "rollout.temperature"),
+    (["trainer.temperature=0"], "trainer.temperature", "> 0"),
+    (["trainer.behaviour_weight_cap=0.5"], "trainer.behaviour_weight_cap", ">= 1"),
+    (["eval.every=-1"], "eval.every", ">= 0"),
+    (["eval.k=-2"], "eval.k", ">= 0"),
+    (["eval.path=held.csv"], "eval.path", ".parquet"),
+    (["eval.path=/no/such/aime.parquet"], "eval.path", "no such file"),
+    (["eval.temperature=0"], "eval.temperature", "positive"),
     (["gps.transport=local"], "gps.transport", "nixl"),
     (["run=3"], "run", ""),
     (["run"], "run", "key=value"),
@@ -221,6 +237,24 @@ def test_for_cluster_only_skips_files_but_not_structure() -> None:
     assert cfg.models.policy_tp == 2
     with pytest.raises(ConfigError, match=r"models\.policy_tp"):
         load_config(DEFAULT, ["models.policy_tp=3"], for_cluster_only=True)
+
+
+def test_genrm_output_becomes_the_engine_constraint() -> None:
+    from pivotrl.roles.reward import parse_score, score_choices
+
+    cfg = load_config(DEFAULT, [])
+    assert cfg.genrm.output == "score" and cfg.rollout.output == "free"
+    genrm = cfg.genrm.engine_config(model_path="m", tp=1, seed=0, score_scale=cfg.reward.score_scale)
+    assert genrm.structured == "choice" and genrm.structured_choices == score_choices(10.0)
+    assert [parse_score(c).value for c in genrm.structured_choices] == pytest.approx([i / 10 for i in range(11)])
+    assert cfg.rollout.engine_config(model_path="m", tp=1, seed=0).structured == "free"
+    with pytest.raises(ValueError, match="score_scale"):
+        cfg.genrm.engine_config(model_path="m", tp=1, seed=0)
+    cfg = load_config(DEFAULT, ["genrm.output=regex", r'genrm.output_regex="[a-z ]{1,9}\nScore: (10|[0-9])/10"'])
+    genrm = cfg.genrm.engine_config(model_path="m", tp=1, seed=0, score_scale=cfg.reward.score_scale)
+    assert genrm.structured == "regex" and genrm.output_dfa is not None and genrm.output_dfa.accepts("ok\nScore: 7/10")
+    free = load_config(DEFAULT, ["genrm.output=free", "reward.score_scale=2.5", "genrm.max_tokens=3"])
+    assert free.genrm.engine_config(model_path="m", tp=1, seed=0, score_scale=2.5).structured == "free"
 
 
 def test_sections_validate_when_built_directly() -> None:

@@ -88,6 +88,8 @@ def test_abort_and_resume_on_another_device_matches_the_uninterrupted_run(job) -
     for seq_id, ids in partial.items():
         assert len(ids) >= 6 and resumed[seq_id][: len(ids)] == ids
     assert resumed == uninterrupted
+    for seq_id, values in result["resumed_logprobs"].items():  # migrated over messages: the same log-probs
+        assert values == pytest.approx(result["logprobs"][seq_id], abs=1e-5), seq_id
     assert len({tuple(ids) for ids in uninterrupted.values()}) == len(uninterrupted)
 
 

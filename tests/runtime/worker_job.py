@@ -83,8 +83,8 @@ class Mailbox:
             self._pull(0.05)
 
     def progress(self, device: int, replica_id: int, tokens: dict[int, list[int]], done: dict[int, list[int]],
-                 until: Any, timeout_s: float = WAIT_S) -> None:
-        """Apply Progress of ``replica_id`` to ``tokens`` / ``done`` until ``until()`` holds."""
+                 until: Any, timeout_s: float = WAIT_S, logprobs: dict[int, list[float]] | None = None) -> None:
+        """Apply Progress of ``replica_id`` to ``tokens`` / ``done`` (and finished ``logprobs``) until ``until()``."""
         end = time.monotonic() + timeout_s
         while True:
             kept = []
@@ -95,6 +95,8 @@ class Mailbox:
                     for f in m.finished:
                         done[f.seq_id] = list(f.token_ids)
                         tokens[f.seq_id] = list(f.token_ids)
+                        if logprobs is not None:
+                            logprobs[f.seq_id] = list(f.logprobs or [])
                 else:
                     kept.append((d, m))
             self.backlog = kept
@@ -112,11 +114,12 @@ class Mailbox:
             self.backlog.append((d, m))
 
 
-def seq_msgs(prompts: dict[int, list[int]], generated: dict[int, list[int]] | None = None, *,
-             max_tokens: int = MAX_TOKENS) -> list[SeqToAdd]:
-    generated = generated or {}
-    return [SeqToAdd(seq_id=s, prompt_ids=p, generated_ids=generated.get(s, []), max_tokens=max_tokens,
-                     temperature=1.0) for s, p in prompts.items()]
+def seq_msgs(prompts: dict[int, list[int]], generated: dict[int, list[int]] | None = None,
+             logprobs: dict[int, list[float]] | None = None, *, max_tokens: int = MAX_TOKENS) -> list[SeqToAdd]:
+    generated, logprobs = generated or {}, logprobs or {}
+    return [SeqToAdd(seq_id=s, prompt_ids=p, generated_ids=generated.get(s, []),
+                     generated_logprobs=logprobs.get(s, []), max_tokens=max_tokens, temperature=1.0)
+            for s, p in prompts.items()]
 
 
 def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
@@ -143,7 +146,8 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     bus.send(1, AbortSequences(replica_id=1, seq_ids=list(prompts)))
     aborted = box.take(1, Aborted)
     box.progress(1, 1, tokens, done, lambda: True)  # Progress sent before Aborted
-    partial = {s: list(ids) for s, ids in aborted.partial}
+    partial = {p.seq_id: list(p.token_ids) for p in aborted.partial}
+    partial_logprobs = {p.seq_id: list(p.logprobs or []) for p in aborted.partial}
     res["partial"] = {str(s): ids for s, ids in partial.items()}
     res["streamed"] = {str(s): tokens[s] for s in partial}  # the Progress stream up to the abort
     res["finished_before_abort"] = {str(s): ids for s, ids in done.items()}
@@ -152,12 +156,16 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     bus.send(0, StartReplica(replica_id=2, role="rollout", device_ids=[0], min_version=0))
     res["up2"] = {"version": box.take(0, ReplicaUp).version}
     resumed: dict[int, list[int]] = {}
-    bus.send(0, AddSequences(replica_id=2, seqs=seq_msgs({s: prompts[s] for s in partial}, partial)))
-    box.progress(0, 2, {}, resumed, lambda: set(resumed) == set(partial))
+    resumed_logprobs: dict[int, list[float]] = {}
+    bus.send(0, AddSequences(replica_id=2, seqs=seq_msgs({s: prompts[s] for s in partial}, partial, partial_logprobs)))
+    box.progress(0, 2, {}, resumed, lambda: set(resumed) == set(partial), logprobs=resumed_logprobs)
     resumed.update(done)
     uninterrupted: dict[int, list[int]] = {}
+    logprobs: dict[int, list[float]] = {}
     bus.send(0, AddSequences(replica_id=2, seqs=seq_msgs(prompts)))
-    box.progress(0, 2, {}, uninterrupted, lambda: set(uninterrupted) == set(prompts))
+    box.progress(0, 2, {}, uninterrupted, lambda: set(uninterrupted) == set(prompts), logprobs=logprobs)
+    res["resumed_logprobs"] = {str(s): v for s, v in resumed_logprobs.items()}
+    res["logprobs"] = {str(s): v for s, v in logprobs.items()}
     res["resumed"] = {str(s): ids for s, ids in resumed.items()}
     res["uninterrupted"] = {str(s): ids for s, ids in uninterrupted.items()}
 
@@ -184,7 +192,9 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
         share = [s for s in prompts if group_of[s] == device]
         bus.send(device, Train(step=0, prompt_ids=[prompts[s] for s in share],
                                response_ids=[uninterrupted[s] for s in share],
-                               group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share]))
+                               group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
+                               behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
+                               validate_after=False))
     trained = [box.take(d, Trained) for d in (0, 1)]
     res["trained"] = [{"stats": t.stats, "report": t.report, "roles_held": t.roles_held} for t in trained]
     for device in (0, 1):
