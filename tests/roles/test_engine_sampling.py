@@ -54,11 +54,15 @@ def test_noise_depends_only_on_seed_seq_and_position() -> None:
     assert not torch.equal(a[0], d[0])
 
 
-def test_greedy_and_foreign_requests_are_untouched() -> None:
+def test_greedy_rows_are_normalized_and_foreign_rows_untouched() -> None:
+    """Our greedy rows become log_softmax (same arg-max, no noise); a request without our args is left as is;
+    a sampled row is log_softmax(logits / T) + G."""
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
     out = _apply([(_params(1, 0.0), [1], []), (SamplingParams(temperature=0.0), [1], []),
                   (_params(2, 1.0), [1], [])], logits)
-    assert torch.equal(out[:2], logits[:2]) and not torch.equal(out[2], logits[2])
+    assert torch.allclose(out[0], torch.log_softmax(logits[0], dim=-1)) and out[0].argmax() == logits[0].argmax()
+    assert torch.equal(out[1], logits[1])
+    assert not torch.allclose(out[2], torch.log_softmax(logits[2], dim=-1))
 
 
 def test_removed_rows_stop_getting_noise() -> None:

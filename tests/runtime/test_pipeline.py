@@ -16,7 +16,7 @@ from pivotrl.runtime.jobs import Job, run_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.engine, pytest.mark.slow]
 
-SMALL = ["run.num_steps=2", "data.group_size=2", "rollout.max_tokens=16", "genrm.max_tokens=8",
+SMALL = ["run.num_steps=2", "data.group_size=2", "rollout.max_tokens=16", "genrm.max_tokens=13",
          "rollout.max_model_len=512", "genrm.max_model_len=512", "eval.every=0"]
 DEPLOYMENTS = {
     "colocated": ["deployment.kind=colocated", "data.prompts_per_step=4"],
