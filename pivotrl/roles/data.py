@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the "
@@ -116,9 +116,10 @@ class PromptDataset(Sequence[PromptRecord]):
         raise ValueError(f"path: unsupported suffix {path.suffix!r}; allowed: '.parquet', '.jsonl'")
 
     @classmethod
-    def arithmetic(cls, num_prompts: int, *, seed: int) -> PromptDataset:
+    def arithmetic(cls, num_prompts: int, *, seed: int,
+                   split: Literal["all", "train", "heldout"] = "all") -> PromptDataset:
         """The embedded arithmetic dataset (see ``arithmetic_rows``)."""
-        return cls.from_rows(arithmetic_rows(num_prompts, seed=seed), source="arithmetic")
+        return cls.from_rows(arithmetic_rows(num_prompts, seed=seed, split=split), source="arithmetic")
 
     def __len__(self) -> int:
         return len(self._records)
@@ -169,17 +170,32 @@ def make_groups(prompt_ids: Sequence[int], num_responses: int, *, first_seq_id: 
     ]
 
 
-def arithmetic_rows(num_prompts: int, *, seed: int, num_repeats: int = 1) -> list[dict[str, Any]]:
-    """``num_prompts`` distinct seeded arithmetic problems in DAPO-Math's columns and wording, each
-    repeated ``num_repeats`` times (as DAPO repeats its prompts)."""
-    if not 0 <= num_prompts <= MAX_ARITHMETIC_PROMPTS or num_repeats < 1:
+def is_heldout(a: int, b: int, op: str) -> bool:
+    """The held-out split: about one problem in 16, by a fixed rule on (a, b, op); never in split "train"."""
+    return (a + 3 * b + "+-*".index(op)) % 16 == 0
+
+
+NUM_HELDOUT = sum(is_heldout(a, b, op) for a in range(2, 100) for b in range(2, 100) for op in "+-*")
+HELDOUT_SEED = 7919
+
+
+def arithmetic_rows(num_prompts: int, *, seed: int, num_repeats: int = 1,
+                    split: Literal["all", "train", "heldout"] = "all") -> list[dict[str, Any]]:
+    """``num_prompts`` distinct seeded arithmetic problems of ``split`` in DAPO-Math's columns and wording,
+    each repeated ``num_repeats`` times (as DAPO repeats its prompts)."""
+    limit = {"all": MAX_ARITHMETIC_PROMPTS, "train": MAX_ARITHMETIC_PROMPTS - NUM_HELDOUT, "heldout": NUM_HELDOUT}
+    if split not in limit:
+        raise ValueError(f"split: must be one of {sorted(limit)}, got {split!r}")
+    if not 0 <= num_prompts <= limit[split] or num_repeats < 1:
         raise ValueError(
-            f"num_prompts/num_repeats: need 0..{MAX_ARITHMETIC_PROMPTS} and >= 1, got {num_prompts}, {num_repeats}"
+            f"num_prompts/num_repeats: need 0..{limit[split]} and >= 1, got {num_prompts}, {num_repeats}"
         )
     rng = random.Random(seed)
     problems: dict[str, int] = {}
     while len(problems) < num_prompts:
         a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice("+-*")
+        if split != "all" and is_heldout(a, b, op) != (split == "heldout"):
+            continue
         problems.setdefault(f"What is ${a} {op} {b}$?", {"+": a + b, "-": a - b, "*": a * b}[op])
     rows = [
         dapo_row(problem, str(answer), index=f"arith-{seed}-{index}")
@@ -300,3 +316,9 @@ def _truth_text(table: Any) -> Any:
     if "reward_model" in table.column_names:
         return pc.cast(pc.struct_field(table["reward_model"].combine_chunks(), "ground_truth"), "string")
     return pc.cast(table["answer"].combine_chunks(), "string")
+
+
+def heldout_arithmetic(num_prompts: int) -> PromptDataset:
+    """The held-out arithmetic set for validation: ``num_prompts`` problems of split ``heldout`` (never in
+    the ``train`` split the default run draws its prompts from)."""
+    return PromptDataset.arithmetic(num_prompts, seed=HELDOUT_SEED, split="heldout")

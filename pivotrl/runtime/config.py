@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from pivotrl.control.config import DEPLOYMENT_KINDS, DeploymentConfig
-from pivotrl.roles.data import MAX_ARITHMETIC_PROMPTS, PromptDataset
+from pivotrl.roles.data import MAX_ARITHMETIC_PROMPTS, NUM_HELDOUT, PromptDataset
 from pivotrl.roles.reward import RewardConfig, score_choices
 from pivotrl.roles.trainer import TrainerConfig
 
@@ -121,8 +121,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.path is not None and Path(self.path).suffix not in DATA_SUFFIXES:
             raise ConfigError(f"path: must end with one of {DATA_SUFFIXES} or be null, got {self.path!r}")
-        if not 1 <= self.num_arithmetic_prompts <= MAX_ARITHMETIC_PROMPTS:
-            raise ConfigError(f"num_arithmetic_prompts: must be in [1, {MAX_ARITHMETIC_PROMPTS}], "
+        if not 1 <= self.num_arithmetic_prompts <= MAX_ARITHMETIC_PROMPTS - NUM_HELDOUT:
+            raise ConfigError(f"num_arithmetic_prompts: must be in [1, {MAX_ARITHMETIC_PROMPTS - NUM_HELDOUT}], "
                               f"got {self.num_arithmetic_prompts}")
         for name in ("prompts_per_step", "group_size"):
             if getattr(self, name) < 1:
@@ -152,8 +152,9 @@ class EvalConfig:
             raise ConfigError(f"every: must be >= 0 (0: no validation), got {self.every}")
         if self.path is not None and Path(self.path).suffix not in DATA_SUFFIXES:
             raise ConfigError(f"path: must end with one of {DATA_SUFFIXES} or be null, got {self.path!r}")
-        if not 1 <= self.num_prompts <= MAX_ARITHMETIC_PROMPTS:
-            raise ConfigError(f"num_prompts: must be in [1, {MAX_ARITHMETIC_PROMPTS}], got {self.num_prompts}")
+        if not 1 <= self.num_prompts <= NUM_HELDOUT:
+            raise ConfigError(f"num_prompts: must be in [1, {NUM_HELDOUT}] (the held-out arithmetic split), "
+                              f"got {self.num_prompts}")
         if self.k < 0:
             raise ConfigError(f"k: must be >= 0 (0: greedy only), got {self.k}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -321,7 +322,7 @@ def load_prompts(cfg: PipelineConfig) -> PromptDataset:
     """The deduplicated prompts of ``cfg.data``; ``ConfigError`` naming ``data.path`` if unusable."""
     data = cfg.data
     if data.path is None:
-        return PromptDataset.arithmetic(data.num_arithmetic_prompts, seed=cfg.run.seed)
+        return PromptDataset.arithmetic(data.num_arithmetic_prompts, seed=cfg.run.seed, split="train")
     path = Path(data.path)
     if not path.is_file():
         raise ConfigError(f"data.path: no such file: {str(path)!r} (give a .parquet or .jsonl file, or null for the "

@@ -130,3 +130,14 @@ def test_groups_have_n_members_and_unique_seq_ids(prompt_ids: list[int], n: int,
 def test_groups_reject_zero_responses() -> None:
     with pytest.raises(ValueError, match="num_responses"):
         make_groups([0], 0)
+
+
+def test_heldout_split_never_meets_the_training_split() -> None:
+    from pivotrl.roles.data import NUM_HELDOUT, PromptDataset, heldout_arithmetic
+
+    heldout = {r.question for r in heldout_arithmetic(NUM_HELDOUT)}
+    train = {r.question for r in PromptDataset.arithmetic(2000, seed=3, split="train")}
+    assert len(heldout) == NUM_HELDOUT and len(train) == 2000 and not heldout & train
+    assert [r.question for r in heldout_arithmetic(5)] == [r.question for r in heldout_arithmetic(5)]
+    with pytest.raises(ValueError, match="split"):
+        PromptDataset.arithmetic(3, seed=0, split="test")  # type: ignore[arg-type]
