@@ -178,7 +178,8 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     text = tokenizer.decode(uninterrupted[0], skip_special_tokens=True)
     judge = chat_token_ids(genrm_messages(records[0].question, text), tokenizer)
     bus.send(1, AddSequences(replica_id=3, seqs=[SeqToAdd(seq_id=100, prompt_ids=judge, generated_ids=[],
-                                                         max_tokens=8, temperature=1.0)]))
+                                                         generated_logprobs=[], max_tokens=8,
+                                                         temperature=1.0)]))
     judged: dict[int, list[int]] = {}
     box.progress(1, 3, {}, judged, lambda: 100 in judged)
     res["judgement"] = judged[100]
