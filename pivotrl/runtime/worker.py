@@ -181,6 +181,7 @@ class Worker:
         self._live: _LiveReplica | None = None
         self._training: TrainingRole | None = None
         self._snapshot: dict[str, torch.Tensor] | None = None  # parameters after the last step
+        self._tokenizer: Any = None  # the policy's, loaded at the first validation
         self._writes: list[_PendingWrite] = []
         self._running = False
         self._handlers = {
@@ -371,8 +372,10 @@ class Worker:
         from pivotrl.roles.evaluation import evaluate_policy
         from pivotrl.roles.tiny import load_tokenizer
 
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.spec.policy_path)
         start = time.perf_counter()
-        counts = evaluate_policy(self._training.trainer.model, load_tokenizer(self.spec.policy_path), v.records,
+        counts = evaluate_policy(self._training.trainer.model, self._tokenizer, v.records,
                                  k=v.k, temperature=v.temperature, max_tokens=v.max_tokens, seed=v.seed + version,
                                  reward=v.reward)
         return {**asdict(counts), "version": version, "seconds": time.perf_counter() - start}
