@@ -5,6 +5,7 @@ Invariant: a ``PromptDataset`` holds each distinct (prompt messages, ground trut
 in first-occurrence order, with ``prompt_id`` equal to its position. DAPO-Math-17k repeats every prompt
 ~100 times and AIME-2024 32 times; both are deduplicated on load. GRPO groups are built on top:
 ``make_groups`` gives every prompt of a batch ``num_responses`` sequences sharing one ``group_id``.
+The arithmetic problems themselves (difficulty, train / held-out split) live in ``arithmetic.py``.
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from pivotrl.roles.arithmetic import MAX_ARITHMETIC_PROMPTS, NUM_HELDOUT  # noqa: F401 (re-exported for the config)
+from pivotrl.roles.arithmetic import HELDOUT_SEED, ArithmeticSplit, arithmetic_problems
 
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the "
@@ -23,7 +27,6 @@ DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 DAPO_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 SIMPLE_COLUMNS = ("prompt", "answer")
 _KEY_SEP = "\x1f"
-MAX_ARITHMETIC_PROMPTS = 98 * 98 * 3  # operands 2..99, operators + - *
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,8 +119,7 @@ class PromptDataset(Sequence[PromptRecord]):
         raise ValueError(f"path: unsupported suffix {path.suffix!r}; allowed: '.parquet', '.jsonl'")
 
     @classmethod
-    def arithmetic(cls, num_prompts: int, *, seed: int,
-                   split: Literal["all", "train", "heldout"] = "all") -> PromptDataset:
+    def arithmetic(cls, num_prompts: int, *, seed: int, split: ArithmeticSplit = "all") -> PromptDataset:
         """The embedded arithmetic dataset (see ``arithmetic_rows``)."""
         return cls.from_rows(arithmetic_rows(num_prompts, seed=seed, split=split), source="arithmetic")
 
@@ -170,38 +172,26 @@ def make_groups(prompt_ids: Sequence[int], num_responses: int, *, first_seq_id: 
     ]
 
 
-def is_heldout(a: int, b: int, op: str) -> bool:
-    """The held-out split: about one problem in 16, by a fixed rule on (a, b, op); never in split "train"."""
-    return (a + 3 * b + "+-*".index(op)) % 16 == 0
-
-
-NUM_HELDOUT = sum(is_heldout(a, b, op) for a in range(2, 100) for b in range(2, 100) for op in "+-*")
-HELDOUT_SEED = 7919
-
-
-def arithmetic_rows(num_prompts: int, *, seed: int, num_repeats: int = 1,
-                    split: Literal["all", "train", "heldout"] = "all") -> list[dict[str, Any]]:
-    """``num_prompts`` distinct seeded arithmetic problems of ``split`` in DAPO-Math's columns and wording,
-    each repeated ``num_repeats`` times (as DAPO repeats its prompts)."""
-    limit = {"all": MAX_ARITHMETIC_PROMPTS, "train": MAX_ARITHMETIC_PROMPTS - NUM_HELDOUT, "heldout": NUM_HELDOUT}
-    if split not in limit:
-        raise ValueError(f"split: must be one of {sorted(limit)}, got {split!r}")
-    if not 0 <= num_prompts <= limit[split] or num_repeats < 1:
-        raise ValueError(
-            f"num_prompts/num_repeats: need 0..{limit[split]} and >= 1, got {num_prompts}, {num_repeats}"
-        )
-    rng = random.Random(seed)
-    problems: dict[str, int] = {}
-    while len(problems) < num_prompts:
-        a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice("+-*")
-        if split != "all" and is_heldout(a, b, op) != (split == "heldout"):
-            continue
-        problems.setdefault(f"What is ${a} {op} {b}$?", {"+": a + b, "-": a - b, "*": a * b}[op])
+def arithmetic_rows(
+    num_prompts: int, *, seed: int, num_repeats: int = 1, split: ArithmeticSplit = "all"
+) -> list[dict[str, Any]]:
+    """``num_prompts`` distinct seeded arithmetic problems of ``split`` (``arithmetic.py``) in DAPO-Math's
+    columns and wording, each repeated ``num_repeats`` times (as DAPO repeats its prompts)."""
+    if num_repeats < 1:
+        raise ValueError(f"num_repeats: must be >= 1, got {num_repeats}")
+    tag = "arith" if split == "all" else f"arith-{split}"
     rows = [
-        dapo_row(problem, str(answer), index=f"arith-{seed}-{index}")
-        for index, (problem, answer) in enumerate(problems.items())
+        dapo_row(problem.question, str(problem.answer), index=f"{tag}-{seed}-{index}")
+        for index, problem in enumerate(arithmetic_problems(num_prompts, seed=seed, split=split))
     ]
     return [row for row in rows for _ in range(num_repeats)]
+
+
+def heldout_arithmetic(num_prompts: int) -> PromptDataset:
+    """The held-out arithmetic set for validation: the first ``num_prompts`` (at most ``NUM_HELDOUT``)
+    problems of split ``heldout`` drawn with ``HELDOUT_SEED`` (so a smaller set is a prefix of a larger
+    one). Neither the embedded tiny checkpoints' warm-up nor the default run (split ``train``) sees them."""
+    return PromptDataset.arithmetic(num_prompts, seed=HELDOUT_SEED, split="heldout")
 
 
 def dapo_row(problem: str, answer: str, *, index: str, data_source: str = "arithmetic") -> dict[str, Any]:
@@ -316,9 +306,3 @@ def _truth_text(table: Any) -> Any:
     if "reward_model" in table.column_names:
         return pc.cast(pc.struct_field(table["reward_model"].combine_chunks(), "ground_truth"), "string")
     return pc.cast(table["answer"].combine_chunks(), "string")
-
-
-def heldout_arithmetic(num_prompts: int) -> PromptDataset:
-    """The held-out arithmetic set for validation: ``num_prompts`` problems of split ``heldout`` (never in
-    the ``train`` split the default run draws its prompts from)."""
-    return PromptDataset.arithmetic(num_prompts, seed=HELDOUT_SEED, split="heldout")

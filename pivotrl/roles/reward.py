@@ -22,13 +22,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-GENRM_TEMPLATE = (
-    "You are grading a response to a math problem.\n\n"
+GENRM_TEMPLATE = (  # instructions first: a prompt prefix every judgement shares (prefix caching)
+    "You are grading a response to a math problem. Think step by step about whether the reasoning and "
+    "the final answer of the response are correct. Then write the grade on the last line as "
+    "`Score: x/{scale}`, where x is a number from 0 (completely wrong) to {scale} (completely correct).\n\n"
     "Problem:\n{question}\n\n"
-    "Response:\n{response}\n\n"
-    "Think step by step about whether the reasoning and the final answer of the response are correct. "
-    "Then write the grade on the last line as `Score: x/{scale}`, where x is a number from 0 "
-    "(completely wrong) to {scale} (completely correct)."
+    "Response:\n{response}"
 )
 
 

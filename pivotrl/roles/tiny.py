@@ -1,13 +1,18 @@
 """Embedded default checkpoints: a tiny Qwen2-architecture policy and GenRM, built offline (§8.1 setup).
 
 Nothing is downloaded. A byte-level BPE tokenizer is trained locally with ``tokenizers`` on a
-generated corpus (arithmetic problems in the DAPO prompt wording, answers, GenRM judgement text),
-and two ``Qwen2ForCausalLM`` models are initialised at random with fixed seeds and saved with
-``save_pretrained``.
+generated corpus (the run's own texts: DAPO-worded arithmetic prompts, policy responses, GenRM
+prompts and judgements). Two ``Qwen2ForCausalLM`` models are initialised at random with fixed
+seeds, then warmed up by a short supervised run (``tiny_warmup.py``) so that RL on them can learn:
+the policy answers some held-out arithmetic problems (``data.heldout_arithmetic``) right and many
+wrong, and the GenRM scores correct responses higher than wrong ones. Both are saved with
+``save_pretrained``. A build took 160 s on two cores here (75 s
+for the policy's warm-up, 80 s for the GenRM's), once per spec and machine.
 
 Invariant: a cache folder ``tiny-<hash of the build spec>`` either does not exist or holds both
 complete checkpoints; it is built in a temporary sibling folder and renamed into place, so two
-processes building at once never see a half-written folder (the loser discards its copy).
+processes building at once never see a half-written folder (the loser discards its copy). A build
+is deterministic: the same spec gives byte-identical files on the same machine.
 """
 from __future__ import annotations
 
@@ -22,9 +27,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pivotrl.roles.arithmetic import draw_split_problem
+from pivotrl.roles.data import DAPO_PREFIX, DAPO_SUFFIX, wrap_dapo_problem
+from pivotrl.roles.reward import genrm_messages
+from pivotrl.roles.tiny_warmup import (
+    GENRM_SCALE,
+    WarmupSpec,
+    claimed_answer,
+    comparison_examples,
+    genrm_examples,
+    genrm_judgement,
+    grow_into,
+    policy_examples,
+    policy_response,
+    warm_up,
+    wrong_response,
+)
+
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -35,17 +57,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-DAPO_PROMPT = (
-    "Solve the following math problem step by step. The last line of your response should be of "
-    "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
-    "{problem}\n\nRemember to put your answer on its own line after \"Answer:\"."
-)
-GENRM_TEXT = (
-    "You are a careful grader. Read the question and the response, reason step by step about "
-    "whether the response is correct, then give a final score.\n\nQuestion:\n{question}\n\n"
-    "Response:\n{response}\n\nReasoning: {reasoning}\nScore: {score}/10\n\\boxed{{{score}}}"
-)
-_FORMAT_VERSION = 1
+DAPO_PROMPT = DAPO_PREFIX + "{problem}" + DAPO_SUFFIX  # a user message of the arithmetic dataset
+_FORMAT_VERSION = 2
 _COMPLETE_MARK = "tiny-spec.json"
 
 
@@ -80,10 +93,21 @@ class TinyBuildSpec:
     num_corpus_problems: int = 2000
     policy: TinyModelSpec = TinyModelSpec(seed=1234)
     genrm: TinyModelSpec = TinyModelSpec(seed=5678, num_layers=3, intermediate_size=384)
+    policy_warmup: WarmupSpec = WarmupSpec(num_steps=600, seed=1)  # supervised arithmetic answers
+    genrm_warmup: WarmupSpec = WarmupSpec(num_steps=150, seed=2, num_comparison_examples=128)  # judgements
+    genrm_from_policy: bool = True  # the GenRM starts as the warmed-up policy grown to its shape (grow_into)
 
     def __post_init__(self) -> None:
         if self.vocab_size < 256 + len(SPECIAL_TOKENS):
             raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)}, got {self.vocab_size}")
+        p, g = self.policy, self.genrm
+        if self.genrm_from_policy and not (
+            (p.hidden_size, p.num_heads, p.num_kv_heads, p.tie_word_embeddings)
+            == (g.hidden_size, g.num_heads, g.num_kv_heads, g.tie_word_embeddings)
+            and g.intermediate_size >= p.intermediate_size and g.num_layers >= p.num_layers
+        ):
+            raise ValueError("genrm_from_policy: the genrm must have the policy's hidden_size, num_heads, num_kv_heads "
+                             "and tie_word_embeddings, and at least its intermediate_size and num_layers")
 
     def digest(self) -> str:
         blob = json.dumps({"format": _FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -138,27 +162,43 @@ def _publish(tmp: Path, final: Path) -> None:
 
 def _build(folder: Path, spec: TinyBuildSpec) -> None:
     tokenizer = _train_tokenizer(spec)
-    for name, model_spec in (("policy", spec.policy), ("genrm", spec.genrm)):
+    policy = _warm_policy(spec, tokenizer)
+    genrm = _warm_genrm(spec, tokenizer, policy)
+    for name, model in (("policy", policy), ("genrm", genrm)):
         out = folder / name
         tokenizer.save_pretrained(str(out))
-        _save_random_model(out, model_spec, tokenizer)
+        model.save_pretrained(str(out), safe_serialization=True)
     (folder / _COMPLETE_MARK).write_text(json.dumps(dataclasses.asdict(spec), indent=1))
 
 
+def _warm_policy(spec: TinyBuildSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    policy, warmup = _random_model(spec.policy, tokenizer), spec.policy_warmup
+    warm_up(policy, [(policy_examples(tokenizer, warmup.seed), warmup.batch_size)], warmup,
+            pad_id=tokenizer.pad_token_id)
+    return policy
+
+
+def _warm_genrm(spec: TinyBuildSpec, tokenizer: PreTrainedTokenizerFast, policy: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+    genrm, warmup = _random_model(spec.genrm, tokenizer), spec.genrm_warmup
+    if spec.genrm_from_policy:
+        grow_into(policy, genrm)
+    streams = [(genrm_examples(tokenizer, warmup.seed), warmup.batch_size),
+               (comparison_examples(tokenizer, warmup.seed + 1), warmup.num_comparison_examples)]  # own stream
+    warm_up(genrm, streams, warmup, pad_id=tokenizer.pad_token_id)
+    return genrm
+
+
 def corpus(seed: int, num_problems: int) -> list[str]:
-    """Generated training text: DAPO-worded arithmetic prompts, worked answers, GenRM judgements."""
+    """Generated tokenizer-training text, in the run's own wording: per ``train`` problem its DAPO
+    user message, the policy's response, and a GenRM prompt (right or wrong response) and judgement."""
     rng = random.Random(seed)
     lines = []
     for _ in range(num_problems):
-        a, b = rng.randint(0, 999), rng.randint(0, 999)
-        op = rng.choice("+-*")
-        value = a + b if op == "+" else a - b if op == "-" else a * b
-        problem = f"What is {a} {op} {b}?"
-        response = f"We compute {a} {op} {b} = {value}.\nAnswer: {value}"
-        score = rng.randint(0, 10)
-        lines.append(DAPO_PROMPT.format(problem=problem))
-        lines.append(response)
-        lines.append(GENRM_TEXT.format(question=problem, response=response, reasoning="The steps check out.", score=score))
+        problem = draw_split_problem(rng, "train")
+        response = policy_response(problem) if rng.random() < 0.5 else wrong_response(problem, rng)
+        judge = genrm_messages(problem.question, response, scale=GENRM_SCALE)[-1]["content"]
+        judgement = genrm_judgement(problem, claimed_answer(response))
+        lines += [wrap_dapo_problem(problem.question), response, judge, judgement]
     return lines
 
 
@@ -183,7 +223,7 @@ def _train_tokenizer(spec: TinyBuildSpec) -> PreTrainedTokenizerFast:
     )
 
 
-def _save_random_model(out: Path, spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> None:
+def _random_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -206,7 +246,7 @@ def _save_random_model(out: Path, spec: TinyModelSpec, tokenizer: PreTrainedToke
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.pad_token_id
     )
-    model.save_pretrained(str(out), safe_serialization=True)
+    return model
 
 
 def _init_weights(model: torch.nn.Module, seed: int, std: float) -> None:

@@ -179,7 +179,7 @@ class EngineSection:
     output: Literal["free", "score", "regex"] = "free"  # what every sequence may be (vLLM structured outputs;
     # genrm only, rollout stays free): free text; score: exactly one grade "Score: 0/N" ... "Score: N/N" of
     # N = reward.score_scale (no reasoning); regex: a full match of output_regex
-    output_regex: str = ""  # output = regex: Python re syntax, ASCII classes, e.g. "[^\n]{0,200}\nScore: (10|[0-9])/10"
+    output_regex: str = ""  # read only when output = regex: Python re syntax, ASCII classes, e.g. "[^\n]{0,200}\nScore: (10|[0-9])/10"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -211,7 +211,7 @@ class EngineSection:
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             max_model_len=self.max_model_len, tensor_parallel_size=tp, seed=seed,
                             release=self.release, structured=_STRUCTURED[self.output], structured_choices=choices,
-                            structured_regex=self.output_regex)
+                            structured_regex=self.output_regex if self.output == "regex" else "")
 
 
 _STRUCTURED = {"free": "free", "score": "choice", "regex": "regex"}  # EngineSection.output -> EngineConfig.structured
@@ -220,8 +220,6 @@ _STRUCTURED = {"free": "free", "score": "choice", "regex": "regex"}  # EngineSec
 def _check_output(output: str, output_regex: str) -> None:
     if output not in _STRUCTURED:
         raise ConfigError(f"output: must be one of free, score, regex; got {output!r}")
-    if output != "regex" and output_regex:
-        raise ConfigError(f"output_regex: only used with output = regex, got output = {output!r}")
     if output == "regex":
         from pivotrl.roles.structured import regex_dfa
 

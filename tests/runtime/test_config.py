@@ -41,7 +41,7 @@ def test_default_loads_and_validates() -> None:
     assert cfg.deployment.kind == "shiftable" and cfg.deployment.strategy == "pivotrl"
     assert cfg.num_training_devices == 2 and cfg.deployment.staleness == 1
     assert cfg.models.policy == "tiny" and cfg.models.genrm == "tiny"
-    assert cfg.run.num_steps == 3 and cfg.rollout.max_tokens == 48 and cfg.genrm.max_tokens == 24
+    assert cfg.run.num_steps == 12 and cfg.rollout.max_tokens == 48 and cfg.genrm.max_tokens == 24
     assert cfg.trainer.betas == (0.9, 0.999)
     assert cfg.data.prompts_per_step % cfg.num_training_devices == 0
 
@@ -64,17 +64,17 @@ def test_colocated_trains_on_the_whole_cluster() -> None:
 
 
 def test_dapo_parquet_loads_deduplicated(tmp_path: Path) -> None:
-    path = _dapo_parquet(tmp_path / "dapo.parquet", num_distinct=6, num_repeats=3)
+    path = _dapo_parquet(tmp_path / "dapo.parquet", num_distinct=10, num_repeats=3)
     cfg = load_config(DEFAULT, [f"data.path={path}"])
     assert cfg.data.path == str(path)
     prompts = load_prompts(cfg)
-    assert len(prompts) == 6 and prompts.num_rows_read == 18 and prompts.num_duplicates == 12
-    assert [p.ground_truth for p in prompts] == [str(2 * i) for i in range(6)]
+    assert len(prompts) == 10 and prompts.num_rows_read == 30 and prompts.num_duplicates == 20
+    assert [p.ground_truth for p in prompts] == [str(2 * i) for i in range(10)]
 
 
 def test_jsonl_loads(tmp_path: Path) -> None:
     path = write_rows(tmp_path / "p.jsonl", [{"prompt": f"{i} + 1?", "answer": str(i + 1)} for i in range(4)] * 2)
-    cfg = load_config(DEFAULT, [f"data.path={path}"])
+    cfg = load_config(DEFAULT, [f"data.path={path}", "data.prompts_per_step=4"])
     assert len(load_prompts(cfg)) == 4
 
 
@@ -117,7 +117,7 @@ BAD = [
     (["data.path=/no/such/file.parquet"], "data.path", "no such file"),
     (["data.path=prompts.csv"], "data.path", ".parquet"),
     (["data.prompts_per_step=3"], "data.prompts_per_step", "multiple of the 2 training devices"),
-    (["data.prompts_per_step=65"], "data.prompts_per_step", "dataset size"),
+    (["data.prompts_per_step=18"], "data.prompts_per_step", "dataset size"),
     (["data.num_arithmetic_prompts=0"], "data.num_arithmetic_prompts", ""),
     (["rollout.max_tokens=2000"], "rollout.max_model_len", "exceed max_tokens"),
     (["rollout.max_model_len=5000", "rollout.kv_cache_bytes=null"], "rollout.max_model_len", "4096"),
@@ -125,12 +125,11 @@ BAD = [
     (["genrm.dtype=int8"], "genrm.dtype", "float32"),
     (["rollout.output=score"], "rollout.output", "must be 'free'"),
     (["genrm.output=json"], "genrm.output", "expected one of"),
-    (["genrm.output=regex"], "genrm.output_regex", "non-empty"),
+    (["genrm.output_regex=''"], "genrm.output_regex", "non-empty"),
     (["genrm.output=regex", "genrm.output_regex=a{2,1}"], "genrm.output_regex", "not a valid regular expression"),
     (["genrm.output=regex", "genrm.output_regex=^Score"], "genrm.output_regex", "anchors"),
-    (["genrm.output_regex=a+"], "genrm.output_regex", "only used with output = regex"),
-    (["reward.score_scale=2.5"], "reward.score_scale", "integer"),
-    (["genrm.max_tokens=12"], "genrm.max_tokens", ">= 13"),
+    (["genrm.output=score", "reward.score_scale=2.5"], "reward.score_scale", "integer"),
+    (["genrm.output=score", "genrm.max_tokens=12"], "genrm.max_tokens", ">= 13"),
     (["reward.on_unparsed=x"], "reward.on_unparsed", "verifiable_only"),
     (["reward.tail_chars=0"], "reward.tail_chars", ">= 1"),
     (["trainer.lr=-1"], "trainer.lr", ">= 0"),
@@ -242,8 +241,12 @@ def test_for_cluster_only_skips_files_but_not_structure() -> None:
 def test_genrm_output_becomes_the_engine_constraint() -> None:
     from pivotrl.roles.reward import parse_score, score_choices
 
-    cfg = load_config(DEFAULT, [])
-    assert cfg.genrm.output == "score" and cfg.rollout.output == "free"
+    default = load_config(DEFAULT, [])
+    assert default.genrm.output == "regex" and default.rollout.output == "free"
+    dfa = default.genrm.engine_config(model_path="m", tp=1, seed=0, score_scale=10.0).output_dfa
+    assert dfa is not None and dfa.accepts("235 vs 240.\nScore: 0/10") and not dfa.accepts("235 vs 240.")
+    assert parse_score("235 vs 240.\nScore: 0/10").value == 0.0  # what the embedded GenRM writes parses
+    cfg = load_config(DEFAULT, ["genrm.output=score"])
     genrm = cfg.genrm.engine_config(model_path="m", tp=1, seed=0, score_scale=cfg.reward.score_scale)
     assert genrm.structured == "choice" and genrm.structured_choices == score_choices(10.0)
     assert [parse_score(c).value for c in genrm.structured_choices] == pytest.approx([i / 10 for i in range(11)])
