@@ -22,7 +22,9 @@ from pivotrl.roles.tiny import load_tokenizer
 
 pytestmark = pytest.mark.engine
 REGEX = r"[a-z ]{1,30}\nScore: (10|[0-9])/10"
-MAX_TOKENS = {"score": 16, "regex": 48, "free": 24}  # each constrained output fits: a token is >= 1 character
+# each constrained output fits (a token is >= 1 character); free judgements are cut after 4 tokens, before the
+# warmed-up GenRM writes its score ("19 vs 20.\nScore: 0/10"), so they do not parse
+MAX_TOKENS = {"score": 16, "regex": 48, "free": 4}
 NUM_JUDGED = 16
 CASES = [(f"What is {a} + {b}?", f"{a} + {b} = {a + b + err}.\nAnswer: {a + b + err}", str(a + b))
          for a, b, err in [(3 * i + 1, 17 - i, i % 3 - 1) for i in range(NUM_JUDGED)]]  # (question, response, truth)
@@ -139,5 +141,5 @@ def test_free_judgements_that_do_not_parse_are_counted_not_scored(judged) -> Non
         reward = score_sequence(response, truth, text, config)
         stats.record(reward)
         assert (reward.total is None) == isinstance(reward.genrm, Unparsed)
-    assert stats.num_judged == NUM_JUDGED and stats.num_unparsed >= 1  # the random-init GenRM seldom parses
+    assert stats.num_judged == NUM_JUDGED and stats.num_unparsed >= 1  # cut before the score
     assert stats.num_dropped == stats.num_unparsed and len(stats.unparsed_tails) == min(5, stats.num_unparsed)
