@@ -88,11 +88,18 @@ class ReplicaTable:
         self.free_slots = sorted(set(self.free_slots) | set(range(old, size)), reverse=True)
 
     # ------------------------------------------------------------------ replicas
-    def add(self, replica_id: ReplicaId, model: ThroughputModel, kv_capacity_tokens: int) -> int:
+    def check_new(self, replica_id: ReplicaId, model: ThroughputModel, kv_capacity_tokens: int) -> None:
+        """Raise (changing nothing) unless ``add`` would accept this replica."""
         if replica_id in self.slot_of:
             raise ValueError(f"replica {replica_id!r} already exists")
-        if kv_capacity_tokens <= 0:
-            raise ValueError(f"kv_capacity_tokens must be > 0, got {kv_capacity_tokens}")
+        if not isinstance(model, ThroughputModel):
+            raise TypeError(f"replica {replica_id!r}: model must be a ThroughputModel, got {type(model).__name__}")
+        if isinstance(kv_capacity_tokens, bool) or not isinstance(kv_capacity_tokens, (int, float, np.number)) \
+                or not kv_capacity_tokens >= 1:  # also refuses NaN
+            raise ValueError(f"replica {replica_id!r}: kv_capacity_tokens must be a number >= 1, got {kv_capacity_tokens!r}")
+
+    def add(self, replica_id: ReplicaId, model: ThroughputModel, kv_capacity_tokens: int) -> int:
+        self.check_new(replica_id, model, kv_capacity_tokens)
         if not self.free_slots:
             self._alloc(2 * len(self.ids))
         slot = self.free_slots.pop()

@@ -95,6 +95,7 @@ class ShiftAwareScheduler:
         return self._table.view(replica_id)
 
     def sequences_on(self, replica_id: ReplicaId) -> list[WaitingSequence]:
+        self._known(replica_id)
         slot = self._table.slot_of[replica_id]
         return [self._snapshot(seq_id) for seq_id in sorted(self._table.members[slot])]
 
@@ -131,13 +132,20 @@ class ShiftAwareScheduler:
 
     def advance(self, replica_id: ReplicaId, num_iterations: int = 1) -> None:
         """Every sequence on the replica generated ``num_iterations`` more tokens (O(1))."""
+        self._known(replica_id)
+        if isinstance(num_iterations, bool) or not isinstance(num_iterations, (int, np.integer)) or num_iterations < 0:
+            raise ValueError(f"advance: num_iterations must be an integer >= 0, got {num_iterations!r}")
         slot = self._table.slot_of[replica_id]
         self._table.iteration[slot] += num_iterations
         self._table.change(slot, 0, num_iterations * self._table.n[slot])
 
     def set_generated(self, seq_id: int, generated_tokens: int) -> None:
         """Record the exact generated-token count an engine reported for a running sequence."""
-        rec = self._running[seq_id]
+        rec = self._running_record(seq_id)
+        if isinstance(generated_tokens, bool) or not isinstance(generated_tokens, (int, np.integer)) \
+                or generated_tokens < 0:
+            raise ValueError(f"set_generated: seq {seq_id}: generated_tokens must be an integer >= 0, "
+                             f"got {generated_tokens!r}")
         slot = rec[0]
         new_offset = generated_tokens - self._table.iteration[slot]
         self._table.change(slot, 0, new_offset - rec[2])
@@ -156,6 +164,7 @@ class ShiftAwareScheduler:
 
     def finish(self, seq_id: int) -> WaitingSequence:
         """A running sequence completed: free its replica share. Returns its final state."""
+        self._running_record(seq_id)
         snap = self._snapshot(seq_id)
         self._detach(seq_id)
         return snap
@@ -184,6 +193,7 @@ class ShiftAwareScheduler:
         """Abort(r, d, Q): return all (or the shortest) sequences of a replica to the queue."""
         if which not in ("all", "shortest"):
             raise ValueError(f"abort: which must be 'all' or 'shortest', got {which!r}")
+        self._known(replica_id)
         slot = self._table.slot_of[replica_id]
         if which == "all":
             victims = sorted(self._table.members[slot])
@@ -226,6 +236,8 @@ class ShiftAwareScheduler:
         ids = [spec.replica_id for spec in replicas]
         if len(set(ids)) != len(ids) or any(rid in self._table.slot_of for rid in ids):
             raise ValueError(f"shift_up: replica ids must be new and distinct, got {ids}")
+        for spec in replicas:  # every spec checked before any is added: a refused call changes nothing
+            self._table.check_new(spec.replica_id, spec.model, spec.kv_capacity_tokens)
         for spec in replicas:
             self._table.add(spec.replica_id, spec.model, spec.kv_capacity_tokens)
         actions = self.dispatch(ids)
@@ -287,6 +299,12 @@ class ShiftAwareScheduler:
         if prompt_tokens <= 0 or generated_tokens < 0:
             raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
         return WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens)
+
+    def _running_record(self, seq_id: int) -> list[int]:
+        if seq_id not in self._running:
+            state = "waits in the queue" if seq_id in self.queue else "is unknown"
+            raise KeyError(f"seq {seq_id} is not running (it {state})")
+        return self._running[seq_id]
 
     def _known(self, replica_id: ReplicaId) -> bool:
         if replica_id not in self._table.slot_of:
