@@ -43,12 +43,53 @@ class GPSConfig:
             raise ValueError(f"GPSConfig.node_budget_bytes must be > 0 or None, got {self.node_budget_bytes}")
 
 
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    """A read: the version read and, per device of this process, its shard of every parameter it holds."""
+class StaleReadError(RuntimeError):
+    """A ReadResult's tensors were refilled by a later read of the same signature (or freed)."""
 
-    version: int
-    shards: dict[int, dict[str, torch.Tensor]]
+
+class BufferLease:
+    """How many times a set of reused read buffers was filled; ``FREED`` once released."""
+
+    FREED = -1
+    __slots__ = ("generation",)
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+
+class ReadResult:
+    """A read: the version read and, per device of this process, its shard of every parameter it holds.
+
+    The tensors borrow GPS's read buffers of this signature: they hold ``version`` until the next read
+    with the same <model, devices, parallelism> or ``release_buffers``; from then on ``shards`` raises
+    ``StaleReadError`` instead of handing out another version's bytes. Copy tensors out to keep them.
+    """
+
+    __slots__ = ("version", "_shards", "_lease", "_generation")
+
+    def __init__(self, version: int, shards: dict[int, dict[str, torch.Tensor]], *,
+                 lease: BufferLease | None = None) -> None:
+        self.version = version
+        self._shards = shards
+        self._lease = lease  # None: the tensors are the caller's own (never refilled)
+        self._generation = None if lease is None else lease.generation
+
+    @property
+    def is_current(self) -> bool:
+        """Whether the tensors still hold ``version`` (no later read of this signature refilled them)."""
+        return self._lease is None or self._lease.generation == self._generation
+
+    @property
+    def shards(self) -> dict[int, dict[str, torch.Tensor]]:
+        if not self.is_current:
+            state = "were released" if self._lease.generation == BufferLease.FREED else \
+                "were refilled by a later read with the same model, devices and parallelism"
+            raise StaleReadError(f"this read's tensors (version {self.version}) {state}; copy the tensors out "
+                                 "before reading again, or read with read_into")
+        return self._shards
+
+    def __repr__(self) -> str:
+        return f"ReadResult(version={self.version}, devices={sorted(self._shards)}, current={self.is_current})"
 
 
 class WriteHandle:

@@ -16,8 +16,10 @@ Processes: without a process group this process holds every node's copy and stan
 ``d`` and the first rank of each node holds that node's copy; ``register``, ``read`` and ``write`` are
 then collective over the group and run in call order on one worker thread per process.
 
-Destination buffers are reused per <model, devices, parallelism>: the tensors a ``read`` returns stay
-valid until the next read with the same signature; callers that keep them must copy them out.
+Destination buffers are reused per <model, devices, parallelism>: the tensors a ``read`` returns borrow
+them and hold the version read until the next read with the same signature (or ``release_buffers``);
+after that ``ReadResult.shards`` raises ``StaleReadError``. Callers that keep tensors longer copy them
+out (or use ``read_into``). A write stages its shards in buffers of its own, never in a read's.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from pivotrl.gps.buffers import BufferGeometry, FlatBuffer
-from pivotrl.gps.config import GPSConfig, ReadResult, WriteHandle
+from pivotrl.gps.config import BufferLease, GPSConfig, ReadResult, StaleReadError, WriteHandle
 from pivotrl.gps.layout import Box, Layout, Parallelism, device_layout, specs_from_shapes
 from pivotrl.gps.placement import Placement, place
 from pivotrl.gps.plan import Plan, PlanCache, plan_operation
@@ -39,7 +41,7 @@ from pivotrl.gps.programs import ModelState, read_program, write_program
 from pivotrl.gps.spec import count_layers
 from pivotrl.gps.transport import LocalTransport, Program, TorchTransport, Transport
 
-__all__ = ["GPSConfig", "GlobalParameterStorage", "ReadResult", "WriteHandle"]
+__all__ = ["GPSConfig", "GlobalParameterStorage", "ReadResult", "StaleReadError", "WriteHandle"]
 
 
 class GlobalParameterStorage:
@@ -61,8 +63,9 @@ class GlobalParameterStorage:
         self._models: dict[str, ModelState] = {}
         self._plans = PlanCache()
         self._programs: dict[tuple, Program] = {}
-        self._buffers: dict[tuple, dict[int, FlatBuffer]] = {}
+        self._buffers: dict[tuple, dict[int, FlatBuffer]] = {}  # (model, purpose, devices, parallelism) -> ...
         self._buffer_locks: dict[tuple, threading.Lock] = {}
+        self._leases: dict[tuple, BufferLease] = {}  # read buffers: how often filled (ReadResult checks it)
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="gps")
         self._closed = False
@@ -166,16 +169,19 @@ class GlobalParameterStorage:
         return plan_operation(op, state.gps, devices, parallelism, devices_per_node=self.config.devices_per_node,
                               profile=self.config.link_profile)
 
-    def _device_buffers(self, state: ModelState, devices: tuple[int, ...],
-                        parallelism: Parallelism) -> tuple[dict[int, FlatBuffer], threading.Lock]:
-        key = (state.name, devices, parallelism)
+    def _device_buffers(self, state: ModelState, devices: tuple[int, ...], parallelism: Parallelism,
+                        purpose: Literal["read", "stage"]) -> tuple[dict[int, FlatBuffer], threading.Lock, BufferLease]:
+        """This process's device buffers of one signature: ``read`` destinations (lent to ReadResults) or
+        ``stage`` buffers a one-sided write copies its shards into (never lent)."""
+        key = (state.name, purpose, devices, parallelism)
         with self._lock:
             if key not in self._buffers:
                 layout = self._layout(state, devices, parallelism)
                 mine = [d for d in devices if self._device_rank(d) == self.rank]
                 self._buffers[key] = {d: self._device_buffer(state, layout, key, d) for d in mine}
                 self._buffer_locks[key] = threading.Lock()
-            return self._buffers[key], self._buffer_locks[key]
+                self._leases[key] = BufferLease()
+            return self._buffers[key], self._buffer_locks[key], self._leases[key]
 
     def _device_buffer(self, state: ModelState, layout: Layout, key: tuple, device: int) -> FlatBuffer:
         torch_device = "cpu"
@@ -192,6 +198,7 @@ class GlobalParameterStorage:
                 for buf in self._buffers.pop(key).values():
                     self._unregister(buf)
                 self._buffer_locks.pop(key)
+                self._leases.pop(key).generation = BufferLease.FREED
             self._programs = {k: v for k, v in self._programs.items() if model is not None and k[1] != model}
 
     def _unregister(self, buf: FlatBuffer) -> None:
@@ -208,14 +215,15 @@ class GlobalParameterStorage:
               min_version: int | None) -> ReadResult:
         state = self._state(model)
         plan = self.plan("read", model, devices, parallelism)
-        buffers, lock = self._device_buffers(state, devices, parallelism)
+        buffers, lock, lease = self._device_buffers(state, devices, parallelism, "read")
         with lock, self._pinned(state, min_version) as (slot, version):
             key = ("read", model, devices, parallelism, slot)
             program = self._programs.get(key)
             if program is None:
                 program = self._programs[key] = read_program(self, state, plan, slot, buffers)
+            lease.generation += 1  # earlier results of this signature go stale before their bytes change
             self.transport.run(program)
-            return ReadResult(version, {d: dict(buf.views) for d, buf in buffers.items()})
+            return ReadResult(version, {d: dict(buf.views) for d, buf in buffers.items()}, lease=lease)
 
     def read_into(self, model: str, devices: Sequence[int], parallelism: Parallelism,
                   dests: Mapping[int, Mapping[str, torch.Tensor]], *, min_version: int | None = None) -> int:
@@ -286,7 +294,7 @@ class GlobalParameterStorage:
                 state.cond.wait_for(lambda: state.pins[target] == 0)
             staged: dict[int, FlatBuffer] = {}
             if self.transport.one_sided:
-                staged, _ = self._device_buffers(state, devices, parallelism)
+                staged, _, _ = self._device_buffers(state, devices, parallelism, "stage")
                 self.transport.copy([(shards[d][n], buf.views[n]) for d, buf in staged.items() for n in buf.views])
             self.transport.run(write_program(self, state, plan, target, shards, origins, staged))
             if self.group is not None:

@@ -54,10 +54,18 @@ def _worker(rank: int, port: int) -> None:
                 version = gps.write("policy", [0, 1], training, _shards(new, [0, 1], training, rank))
                 assert version == 1
                 _check_round(gps, rank, 1, new)
+                held = gps.read("policy", [0, 1], training)  # the write signature: a one-sided write stages there
                 newer = {n: t * 2 for n, t in new.items()}
+                assert gps.write("policy", [0, 1], training, _shards(newer, [0, 1], training, rank)) == 2
+                expected = _shards(new, [0, 1], training, rank)  # the held read still holds version 1's bytes
+                assert held.version == 1 and held.is_current and held.shards.keys() == expected.keys()
+                assert all(torch.equal(held.shards[d][n], t) for d in expected for n, t in expected[d].items()), \
+                    (transport, rank)
+                _check_round(gps, rank, 2, newer)
+                newer = {n: t * 3 for n, t in new.items()}
                 handle = gps.write("policy", [0, 1], training, _shards(newer, [0, 1], training, rank), background=True)
-                _check_round(gps, rank, 2, newer)  # queued behind the background write, in call order
-                assert handle.wait() == 2
+                _check_round(gps, rank, 3, newer)  # queued behind the background write, in call order
+                assert handle.wait() == 3
             dist.barrier(group=group)
     finally:
         dist.destroy_process_group()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pivotrl.gps.layout import Parallelism, device_layout, specs_from_shapes
-from pivotrl.gps.store import GlobalParameterStorage, GPSConfig
+from pivotrl.gps.store import GlobalParameterStorage, GPSConfig, StaleReadError
 from pivotrl.gps.synthetic import dense_shapes, moe_shapes
 from tests.gps.conftest import parallelisms
 
@@ -122,11 +122,16 @@ def test_buffers_are_reused_per_signature_and_read_into_fills_caller_tensors() -
     with GlobalParameterStorage(GPSConfig(devices_per_node=4)) as gps:
         gps.register("genrm", params, writable=False)
         first = gps.read("genrm", [0, 1], Parallelism(tp=2))
-        second = gps.read("genrm", [0, 1], Parallelism(tp=2))
         name = "model.layers.1.mlp.down_proj.weight"
-        assert first.shards[1][name].data_ptr() == second.shards[1][name].data_ptr()
+        first_ptr = first.shards[1][name].data_ptr()
+        second = gps.read("genrm", [0, 1], Parallelism(tp=2))
+        assert second.shards[1][name].data_ptr() == first_ptr
+        assert not first.is_current and second.is_current  # the refill made the first result stale: it says so
+        with pytest.raises(StaleReadError, match="version 0.* refilled by a later read"):
+            first.shards
         other = gps.read("genrm", [0, 1], Parallelism(dp=2))
-        assert other.shards[0][name].data_ptr() != first.shards[0][name].data_ptr()
+        assert other.shards[0][name].data_ptr() != second.shards[0][name].data_ptr()
+        assert second.is_current  # another signature has buffers of its own
         assert gps._plans.misses == 2  # the repeated signature hit the plan cache
         out = torch.empty(8, 6, dtype=torch.bfloat16)
         assert gps.read_into("genrm", [0, 1], Parallelism(tp=2), {1: {name: out}}) == 0
@@ -134,6 +139,9 @@ def test_buffers_are_reused_per_signature_and_read_into_fills_caller_tensors() -
         with pytest.raises(ValueError, match="device 1 has no .* of shape \\(8, 5\\)"):
             gps.read_into("genrm", [0, 1], Parallelism(tp=2), {1: {name: torch.empty(8, 5, dtype=torch.bfloat16)}})
         assert all(t.is_shared() for t in gps.host_copy("genrm", 0).values())
+        gps.release_buffers("genrm")
+        with pytest.raises(StaleReadError, match="released"):
+            other.shards
 
 
 def test_bad_input_fails_clearly() -> None:
