@@ -163,12 +163,13 @@ def device_layout(model: ModelSpec, devices: Sequence[Endpoint], parallelism: Pa
 
 
 def gps_layout(model: ModelSpec, num_nodes: int, group_size: int = 1) -> Layout:
-    """GPS's own layout: nodes ``g*k .. g*k+k-1`` form replication group g; node ``g*k+s`` holds shard s
-    (dim-0 split rule) of every parameter; ``group_size == 1`` is full replication. Empty shards are omitted."""
+    """GPS's own layout: node ``n`` holds shard ``n % k`` (dim-0 split rule) of every parameter, so nodes
+    ``g*k .. g*k+k-1`` form replication group g; when k does not divide the node count the last nodes form
+    a partial group whose missing shards are read from the other groups. ``group_size == 1`` is full
+    replication. Empty shards are omitted."""
     k = group_size
-    if num_nodes < 1 or k < 1 or num_nodes % k:
-        raise ValueError(f"group_size={k} must be >= 1 and divide num_nodes={num_nodes}")
-    groups = range(num_nodes // k)
+    if num_nodes < 1 or not 1 <= k <= num_nodes:
+        raise ValueError(f"group_size={k} must be in [1, num_nodes={num_nodes}]")
     shared: dict[tuple[int, ...], tuple[Piece, ...]] = {}
     pieces: dict[str, tuple[Piece, ...]] = {}
     for spec in model.params:
@@ -178,7 +179,7 @@ def gps_layout(model: ModelSpec, num_nodes: int, group_size: int = 1) -> Layout:
             else:
                 rest = spec.shape[1:]
                 shared[spec.shape] = tuple(
-                    Piece(Box((a,) + (0,) * len(rest), (b,) + rest), tuple(g * k + s for g in groups))
+                    Piece(Box((a,) + (0,) * len(rest), (b,) + rest), tuple(range(s, num_nodes, k)))
                     for s, (a, b) in enumerate(split_bounds(spec.shape[0], k)) if b > a)
         pieces[spec.name] = shared[spec.shape]
     return Layout(model, pieces, tuple(range(num_nodes)))

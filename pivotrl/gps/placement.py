@@ -3,9 +3,11 @@
 Reads are frequent and sit on the critical path of a shift up; writes happen once per step and overlap
 training. So every node holds a full copy of every model whenever that fits the per-node CPU budget
 (every Read is then node-local). Otherwise the nodes form replication groups of k (HSDP-like): inside a
-group each model is sharded along dim 0 (``gps_layout``), across groups it is replicated, and k is the
-smallest divisor of the node count whose fullest node fits. Invariant: the chosen ``group_size`` divides
-``num_nodes`` and the fullest node's footprint is within the budget.
+group each model is sharded along dim 0 (``gps_layout``: node n holds shard n % k), across groups it is
+replicated, and k is the smallest group size whose fullest node fits; k need not divide the node count
+(the last group is then partial and reads its missing shards from the others). All models placed together
+share one k, decided on their joint footprint (App. B.1). Invariant: 1 <= ``group_size`` <= ``num_nodes``
+and the fullest node's footprint is within the budget.
 """
 from __future__ import annotations
 
@@ -77,8 +79,6 @@ def place(models: Mapping[str, ModelSpec], *, num_nodes: int, node_budget_bytes:
         return Placement(num_nodes, 1, full, node_budget_bytes,
                          f"replicated: {_fmt(full)} per node fits the {_fmt(node_budget_bytes)} budget")
     for k in range(2, num_nodes + 1):
-        if num_nodes % k:
-            continue
         need = node_footprint_bytes(models, slots, k)
         if need <= node_budget_bytes:
             return Placement(num_nodes, k, need, node_budget_bytes,

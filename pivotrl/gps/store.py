@@ -24,7 +24,7 @@ out (or use ``read_into``). A write stages its shards in buffers of its own, nev
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Literal
@@ -91,33 +91,51 @@ class GlobalParameterStorage:
                  num_layers: int | None = None) -> Placement:
         """Store ``params`` (HF names) as version 0 of ``model`` and return its placement. Collective with a
         group; ranks that hold no node copy only need shapes and dtypes (meta tensors will do)."""
-        return self._serial(lambda: self._register(model, params, writable, num_layers))
+        layers = None if num_layers is None else {model: num_layers}
+        return self.register_models({model: params}, writable=[model] if writable else [], num_layers=layers)
 
-    def _register(self, model: str, params: Mapping[str, torch.Tensor], writable: bool,
-                  num_layers: int | None) -> Placement:
-        if model in self._models:
-            raise ValueError(f"model {model!r} is already registered")
-        shapes = {name: tuple(t.shape) for name, t in params.items()}
-        spec = specs_from_shapes(shapes, num_layers if num_layers is not None else count_layers(shapes),
-                                 itemsize={name: t.element_size() for name, t in params.items()})
+    def register_models(self, models: Mapping[str, Mapping[str, torch.Tensor]], *, writable: Collection[str],
+                        num_layers: Mapping[str, int] | None = None) -> Placement:
+        """Register several models with one joint placement (App. B.1: policy and GenRM together decide
+        replicated vs hybrid and the group size k, on their summed footprint against the per-node budget
+        left after the models registered before). ``writable`` names the models GPS will write (two host
+        copies each). Collective with a group, like ``register``."""
+        return self._serial(lambda: self._register(dict(models), set(writable), dict(num_layers or {})))
+
+    def _register(self, models: dict[str, Mapping[str, torch.Tensor]], writable: set[str],
+                  num_layers: dict[str, int]) -> Placement:
+        if not models:
+            raise ValueError("register_models: no models given")
+        if again := sorted(set(models) & set(self._models)):
+            raise ValueError(f"models {again} are already registered")
+        if unknown := sorted((writable | set(num_layers)) - set(models)):
+            raise ValueError(f"register_models: writable / num_layers name models not given: {unknown}")
+        specs = {}
+        for model, params in models.items():
+            shapes = {name: tuple(t.shape) for name, t in params.items()}
+            specs[model] = specs_from_shapes(shapes, num_layers[model] if model in num_layers else count_layers(shapes),
+                                             itemsize={name: t.element_size() for name, t in params.items()})
         try:
-            placement = place({model: spec}, num_nodes=self.config.num_nodes, node_budget_bytes=self._budget_left(),
-                              slots={model: 2 if writable else 1})
+            placement = place(specs, num_nodes=self.config.num_nodes, node_budget_bytes=self._budget_left(),
+                              slots={m: 2 if m in writable else 1 for m in models})
         except ValueError as err:
-            raise ValueError(f"cannot place {model!r} with the per-node budget left after {sorted(self._models)}: "
-                             f"{err}") from None
-        state = ModelState.create(model, spec, {n: t.dtype for n, t in params.items()}, writable, placement)
-        for node in self._hosted_nodes():
-            state.copies[node] = self._allocate_copy(state, node, params)
-        self._models[model] = state
+            raise ValueError(f"cannot place {sorted(models)} with the per-node budget left after "
+                             f"{sorted(self._models)}: {err}") from None
+        for model, params in models.items():
+            state = ModelState.create(model, specs[model], {n: t.dtype for n, t in params.items()},
+                                      model in writable, placement)
+            for node in self._hosted_nodes():
+                state.copies[node] = self._allocate_copy(state, node, params)
+            self._models[model] = state
         self.transport.publish()
         return placement
 
     def _budget_left(self) -> int | None:
-        """Per-node bytes left for the next model: models are placed one by one, in registration order."""
+        """Per-node bytes left for the next registration (models registered together share one placement)."""
         if self.config.node_budget_bytes is None:
             return None
-        used = sum(m.placement.node_bytes for m in self._models.values())
+        placements = {id(m.placement): m.placement for m in self._models.values()}
+        used = sum(p.node_bytes for p in placements.values())
         return max(self.config.node_budget_bytes - used, 1)
 
     def _allocate_copy(self, state: ModelState, node: int, params: Mapping[str, torch.Tensor]) -> list[FlatBuffer]:

@@ -119,8 +119,8 @@ def _gps(cfg: Any, group: Any, rank: int, policy: Path, genrm: Path) -> Any:
 
     gps = GlobalParameterStorage(cfg.gps_config(), group=group)
     is_host = rank % cfg.cluster.devices_per_node == 0  # the first rank of each node holds its copy
-    gps.register("policy", checkpoint_tensors(policy, real=is_host), writable=True)
-    gps.register("genrm", checkpoint_tensors(genrm, real=is_host), writable=False)
+    gps.register_models({"policy": checkpoint_tensors(policy, real=is_host),  # one joint placement (App. B.1)
+                         "genrm": checkpoint_tensors(genrm, real=is_host)}, writable=["policy"])
     return gps
 
 

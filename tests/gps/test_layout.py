@@ -167,7 +167,7 @@ def test_parallelism_that_does_not_fit_the_shapes_is_rejected() -> None:
         device_layout(model, [0, 0], Parallelism(dp=2))
     with pytest.raises(ValueError, match="ep=8 exceeds"):
         device_layout(tiny_moe(num_experts=4), list(range(8)), Parallelism(dp=8, ep=8))
-    with pytest.raises(ValueError, match="divide num_nodes"):
-        gps_layout(model, 3, 2)
+    with pytest.raises(ValueError, match="group_size=4 must be in"):
+        gps_layout(model, 3, 4)
     with pytest.raises(ValueError, match="kind"):
         ParamSpec("x", (2,), "diagonal")  # type: ignore[arg-type]

@@ -37,8 +37,8 @@ def cases(draw: st.DrawFn) -> tuple:
     moe = draw(st.booleans())
     shapes, layers = (MOE, 2) if moe else (DENSE, 3)
     per_node = draw(st.sampled_from([2, 4]))
-    num_nodes = draw(st.sampled_from([1, 2]))
-    sharded = num_nodes == 2 and draw(st.booleans())
+    num_nodes = draw(st.sampled_from([1, 2, 3]))
+    sharded = num_nodes > 1 and draw(st.booleans())  # groups of 2 nodes; on 3 nodes the last group is partial
     pool = range(num_nodes * per_node)
     fitting = parallelisms(max_devices=len(pool), moe=moe).filter(lambda p: p.num_devices <= len(pool))
     write_p, read_p = draw(fitting), draw(fitting)
