@@ -6,7 +6,8 @@ required version and reloads what was offloaded. Rollout and reward shift one re
 training its whole device set: the unit is whatever ``role.devices`` names.
 
 Invariants (checked on every call): a role is either up or down; a device holds at most one up role;
-a role that was shifted down is shifted up before it is shifted down again. The manager is an explicit
+a role that was shifted down is shifted up before it is shifted down again; a shift up that fails at
+any step undoes the steps before it (and the failed one) and leaves the role down, raising ShiftError. The manager is an explicit
 object (no globals); two pipelines in one process each own one.
 """
 from __future__ import annotations
@@ -83,13 +84,35 @@ class RoleContextManager:
             "temporary": role.allocate_temporary, "parameters": read_and_load,
             "offloadable": role.reload, "preserved": role.preserved_bytes,
         }
-        kinds = tuple(self._timed(kind, UP_ACTIONS[kind], steps[kind]) for kind in KINDS)
+        undo: dict[ContextKind, Callable[[], int]] = {
+            "temporary": role.discard_temporary, "parameters": role.discard_parameters, "offloadable": role.offload,
+        }
+        kinds: list[KindReport] = []
+        for kind in KINDS:
+            try:
+                kinds.append(self._timed(kind, UP_ACTIONS[kind], steps[kind]))
+            except Exception as err:  # noqa: BLE001 (any failure: undo what was done, then say why)
+                self._roll_back(role, [undo[k.kind] for k in reversed(kinds) if k.kind in undo]
+                                + ([undo[kind]] if kind in undo else []), kind, err)
         self._claim(role)
-        report = ShiftReport(role=role.role, direction="up", devices=tuple(role.devices), kinds=kinds,
+        report = ShiftReport(role=role.role, direction="up", devices=tuple(role.devices), kinds=tuple(kinds),
                              version=read_version[0])
         return self._record(report)
 
     # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _roll_back(role: ShiftableRole, undo: list[Callable[[], int]], kind: ContextKind, err: Exception) -> None:
+        """A shift up failed at ``kind``: free what it had allocated (the failed step's too, which may have
+        allocated part of its context), newest first, so the devices are left down; raise ShiftError."""
+        failures = []
+        for step in undo:
+            try:
+                step()
+            except Exception as undo_err:  # noqa: BLE001 (keep undoing; report every failure)
+                failures.append(f"{getattr(step, '__name__', step)}: {undo_err!r}")
+        state = "rolled back, the role is down" if not failures else f"rollback failed too ({'; '.join(failures)})"
+        raise ShiftError(f"shift_up of {role.role} on {role.devices} failed at {kind} ({err!r}); {state}") from err
+
     def _timed(self, kind: ContextKind, action: Any, step: Callable[[], int]) -> KindReport:
         start = self._clock()
         num_bytes = int(step())

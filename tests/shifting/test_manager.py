@@ -133,9 +133,44 @@ def test_invariants_are_enforced() -> None:
     manager.shift_up(reward)
     with pytest.raises(ShiftError, match="held"):
         manager.shift_up(rollout_b)
-    with pytest.raises(LookupError):
-        manager.shift_down(rollout), manager.shift_up(rollout, version=4)  # GPS only has v3
+    manager.shift_down(rollout)
+    with pytest.raises(ShiftError, match=r"failed at parameters \(LookupError\('m-rollout: v3 < v4'\)\); rolled back"):
+        manager.shift_up(rollout, version=4)  # GPS only has v3: the temporary memory it allocated is freed again
     assert not manager.is_up(rollout) and manager.role_on(0) is None
+    assert rollout.on_device == {"temporary": 0, "parameters": 0, "offloadable": 0}
+
+
+class FailingReload(PlainRole):
+    """Reloading its offloaded state fails once, after half of it reached the device."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures = 1
+
+    def reload(self) -> int:
+        if self.failures:
+            self.failures -= 1
+            self.on_device["offloadable"], self.on_host = self.on_host // 2, self.on_host - self.on_host // 2
+            raise MemoryError("device out of memory")
+        return super().reload()
+
+    def offload(self) -> int:
+        self.on_host += self.on_device["offloadable"]
+        return self._drop("offloadable")
+
+
+def test_a_failed_shift_up_leaves_the_device_cleanly_down_and_can_be_retried() -> None:
+    gps, manager, _ = _setup()
+    training = FailingReload("training", (0, 1), temp=7, params=10, state=20, kept=3)
+    with pytest.raises(ShiftError, match=r"training on \(0, 1\) failed at offloadable \(MemoryError.*rolled back") as err:
+        manager.shift_up(training, version=3)
+    assert isinstance(err.value.__cause__, MemoryError)
+    assert training.on_device == {"temporary": 0, "parameters": 0, "offloadable": 0} and training.on_host == 20
+    assert training.loaded is None and not manager.is_up(training) and manager.role_on(0) is None
+    assert manager.history == []  # no report of a shift that did not happen
+    up = manager.shift_up(training, version=3)  # nothing was lost: the retry brings everything up
+    assert training.on_device == {"temporary": 7, "parameters": 10, "offloadable": 20} and up.version == 3
+    assert manager.role_on(1) is training
 
 
 def test_a_gps_that_returns_an_older_version_is_refused() -> None:
