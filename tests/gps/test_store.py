@@ -172,3 +172,33 @@ def test_bad_input_fails_clearly() -> None:
     with GlobalParameterStorage(GPSConfig(node_budget_bytes=64)) as tight:
         with pytest.raises(ValueError, match="placement impossible"):
             tight.register("policy", params, writable=True)
+
+
+def test_a_write_interrupted_midway_leaves_the_previous_version_intact() -> None:
+    """The transport fails after half of a write's copies: the write raises, the committed version and its
+    bytes are unchanged (the write filled the other host buffer), and the next write commits normally."""
+    initial, new, newer = _params(DENSE, 11), _params(DENSE, 12), _params(DENSE, 13)
+    training = Parallelism(tp=2)
+    with GlobalParameterStorage(GPSConfig(num_nodes=2, devices_per_node=2)) as gps:
+        gps.register("policy", initial, writable=True)
+        run = gps.transport.run
+
+        def fail_midway(program) -> None:  # type: ignore[no-untyped-def]
+            for src, dst in program.copies[: len(program.copies) // 2]:
+                dst.copy_(src)
+            raise ConnectionError("link lost mid-transfer")
+
+        gps.transport.run = fail_midway  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError, match="link lost"):
+            gps.write("policy", [0, 1], training, _shards(new, [0, 1], training, 3))
+        gps.transport.run = run  # type: ignore[method-assign]
+        assert gps.version("policy") == 0
+        for node in (0, 1):
+            copy = gps.host_copy("policy", node)
+            assert all(torch.equal(copy[n], t) for n, t in initial.items()), node
+        result = gps.read("policy", [2, 3], Parallelism(tp=2))
+        expected = _shards(initial, [2, 3], Parallelism(tp=2), 3)
+        assert result.version == 0
+        assert all(torch.equal(result.shards[d][n], t) for d in expected for n, t in expected[d].items())
+        assert gps.write("policy", [0, 1], training, _shards(newer, [0, 1], training, 3)) == 1
+        assert all(torch.equal(gps.host_copy("policy", 1)[n], t) for n, t in newer.items())
