@@ -62,7 +62,9 @@ def test_belief_is_fitted_from_noisy_profiles_of_the_truth() -> None:
     for tokens, seqs in ((4096, 1), (64 * 2048, 64), (256 * 4096, 256)):
         true_s = truth.latency(tokens, seqs)
         assert true_s <= belief.latency(tokens, seqs) <= 1.2 * true_s  # noise only slows down
-    assert belief != truth  # the planner never sees the truth's constants
+    points = ((4096, 1), (64 * 2048, 64), (256 * 4096, 256))
+    assert any(belief.latency(t, s) != truth.latency(t, s) for t, s in points)  # fitted from noise, not copied
+    assert fit_belief(truth, np.random.default_rng(1), sigma=0.05) != belief  # another noise draw, another fit
 
 
 def test_configs_name_the_bad_field() -> None:
