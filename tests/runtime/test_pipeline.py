@@ -94,9 +94,9 @@ def _sequences(job: Job) -> dict[int, dict]:
 def test_shifting_does_not_change_what_is_learned(tmp_path: Path) -> None:
     """Staleness 0 and migration-invariant sampling: a run that shifts devices at random, in every direction,
     every fraction of a second (chaos strategy, training on the same 4 devices as colocated) and a colocated
-    run with the same
-    seed produce the same tokens, judgements and rewards step for step; behaviour log-probs and the final
-    parameters agree within float tolerance (engine batches differ, so logits differ in the last bits)."""
+    run with the same seed produce the same tokens, judgements and rewards step for step; behaviour log-probs
+    and the final parameters agree within float tolerance (engine batches differ, so logits differ in the last
+    bits)."""
     from safetensors.torch import load_file
 
     common = SMALL + ["run.num_steps=3", "deployment.staleness=0", "run.write_sequences=true",
