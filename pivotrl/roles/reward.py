@@ -224,7 +224,7 @@ def _strip_dollars(text: str) -> str:
 
 # --- GenRM score forms ----------------------------------------------------------------------------
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_ATOM = rf"(?P<num>{_NUM})(?:\s*+(?:/|out\s++of)\s*+(?P<den>{_NUM})|\s*+(?P<pct>\\?%))?"
+_ATOM = rf"(?P<num>{_NUM})(?:\s*+(?:/|out\s++of)\s*+(?P<den>{_NUM})|\s*+(?P<pct>\\?%))?(?![0-9A-Za-z_])"  # "0x1F": no score
 _ATOM_RE = re.compile(_ATOM, re.IGNORECASE)
 _LABELLED_RE = re.compile(
     rf"\b(?:score|rating|grade)(?>\s*+(?:is\s*+)?[:=]?\s*+(?:\*\*\s*+)?){_ATOM}", re.IGNORECASE

@@ -60,7 +60,8 @@ def test_out_of_range_scores_are_clamped_and_flagged(judgement: str, value: floa
 @pytest.mark.parametrize(
     "judgement",
     ["", "garbage", "The answer looks fine.", "Score: N/A", "Score: 0/0", "Score: 1e999/1e999", r"\boxed{7",
-     r"\boxed{seven}", "{" * 5000, "\\boxed{" * 5000, "score" + " " * 50_000 + "x", "Answer: 34"],
+     r"\boxed{seven}", "{" * 5000, "\\boxed{" * 5000, "score" + " " * 50_000 + "x", "Answer: 34",
+     "Score: 0x1F/10", "Score: nan/10", r"\boxed{NaN}", r"\boxed{inf}", "Score: 7/0", "Rating: 5abc"],
 )
 def test_unparsable_judgements_are_typed_not_scored(judgement: str) -> None:
     result = parse_score(judgement)
