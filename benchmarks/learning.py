@@ -33,7 +33,7 @@ RUNS = {"colocated": ["deployment.kind=colocated"], "shiftable": ["deployment.ki
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--steps", type=int, default=12, help="RL steps per run (default 12, as the default config)")
+    parser.add_argument("--steps", type=int, default=12, help="RL steps per run (default 12)")
     parser.add_argument("--staleness", type=int, default=None, help="deployment.staleness of both runs "
                         "(default: the embedded default's)")
     parser.add_argument("--timeout-s", type=float, default=1800)

@@ -41,7 +41,7 @@ def test_default_loads_and_validates() -> None:
     assert cfg.deployment.kind == "shiftable" and cfg.deployment.strategy == "pivotrl"
     assert cfg.num_training_devices == 2 and cfg.deployment.staleness == 1
     assert cfg.models.policy == "tiny" and cfg.models.genrm == "tiny"
-    assert cfg.run.num_steps == 12 and cfg.rollout.max_tokens == 48 and cfg.genrm.max_tokens == 24
+    assert cfg.run.num_steps == 8 and cfg.rollout.max_tokens == 48 and cfg.genrm.max_tokens == 24
     assert cfg.trainer.betas == (0.9, 0.999)
     assert cfg.data.prompts_per_step % cfg.num_training_devices == 0
 

@@ -19,11 +19,10 @@ pytestmark = [pytest.mark.dist, pytest.mark.engine, pytest.mark.slow]
 SMALL = ["run.num_steps=2", "data.num_arithmetic_prompts=64", "data.group_size=2", "rollout.max_tokens=16",
          "genrm.output=score", "genrm.max_tokens=13", "rollout.max_model_len=512", "genrm.max_model_len=512",
          "eval.every=0"]
-DEPLOYMENTS = {  # colocated's books are checked by test_shifting_does_not_change_what_is_learned
+DEPLOYMENTS = {  # colocated's books are checked by test_shifting_does_not_change_what_is_learned; rr_colocated
+    # runs on real engines in benchmarks/e2e.py and on simulated backends in tests/sim (CI time)
     "disaggregated": ["deployment.kind=disaggregated", "deployment.rollout_devices=2", "deployment.reward_devices=1",
                       "deployment.training_devices=1", "data.prompts_per_step=2"],
-    "rr_colocated": ["deployment.kind=rr_colocated", "deployment.rollout_devices=2", "deployment.training_devices=2",
-                     "data.prompts_per_step=2"],
 }
 
 
