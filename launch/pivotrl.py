@@ -27,6 +27,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def init_distributed(timeout: datetime.timedelta) -> None:
+    """The default process group. A job torchrun restarted (``--max-restarts``) rendezvouses under a key
+    prefix of its own: the store still holds the keys, and so the addresses, of the ranks that died."""
+    import torch.distributed as dist
+
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0:
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts_store,
+                          timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"pivotrl-restart-{restart}", store), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from pivotrl.runtime.config import ConfigError, load_config
@@ -39,7 +56,17 @@ def main(argv: list[str]) -> int:
         if rank == 0:
             print(f"pivotrl: bad config: {err}", file=sys.stderr)
         return 2
-    from pivotrl.runtime.pipeline import run, setup_process_env
+    from pivotrl.runtime.checkpoint import ResumeError, check_resumable, latest
+    from pivotrl.runtime.pipeline import resume_folder, run, setup_process_env
+
+    if rank == 0:  # a resume that cannot work stops the job here, like a bad config
+        try:
+            folder = resume_folder(cfg)
+            if folder is not None and (cfg.run.resume is not False or latest(folder) is not None):
+                check_resumable(folder, cfg.to_yaml(), cfg.run.num_steps)
+        except ResumeError as err:
+            print(f"pivotrl: cannot resume: {err}", file=sys.stderr)
+            return 2
 
     setup_process_env(int(os.environ.get("LOCAL_RANK", "0")), cfg.gps.transport)
     import torch.distributed as dist
@@ -48,7 +75,7 @@ def main(argv: list[str]) -> int:
         print("pivotrl: start me with torchrun, e.g. torchrun --standalone --nproc_per_node="
               f"{cfg.cluster.devices_per_node} launch/pivotrl.py", file=sys.stderr)
         return 2
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    init_distributed(datetime.timedelta(seconds=600))
     try:
         result = run(cfg)
     finally:

@@ -25,16 +25,20 @@ class LedgerError(RuntimeError):
 class StepLedger:
     """Counts of the RL pipeline; see the module docstring for the invariants."""
 
-    def __init__(self, *, num_steps: int, seqs_per_step: int, staleness: int) -> None:
+    def __init__(self, *, num_steps: int, seqs_per_step: int, staleness: int, first_step: int = 0) -> None:
         if num_steps < 1 or seqs_per_step < 1 or staleness < 0:
             raise ValueError(f"StepLedger: need num_steps >= 1, seqs_per_step >= 1, staleness >= 0; got "
                              f"{num_steps}, {seqs_per_step}, {staleness}")
+        if not 0 <= first_step < num_steps:
+            raise ValueError(f"StepLedger: first_step must be in [0, {num_steps}), got {first_step}")
         self.num_steps = num_steps
         self.seqs_per_step = seqs_per_step
         self.staleness = staleness
-        self.released = 0  # steps whose rollouts were submitted
-        self.version = 0  # newest published policy version
-        self.trained = 0  # finished training steps
+        # a resumed run starts after ``first_step`` trained steps, at the version they published
+        self.first_step = first_step
+        self.released = first_step  # steps whose rollouts were submitted
+        self.version = first_step  # newest published policy version
+        self.trained = first_step  # finished training steps
         self.training_running = False
         self.rollouts_done = [0] * num_steps
         self.judged = [0] * num_steps
@@ -44,8 +48,9 @@ class StepLedger:
     # ------------------------------------------------------------------ ids
     def step_of(self, seq_id: int) -> int:
         step = seq_id // self.seqs_per_step
-        if not (0 <= seq_id and step < self.released):
-            raise LedgerError(f"seq_id {seq_id} belongs to no released step (released {self.released})")
+        if not (0 <= seq_id and self.first_step <= step < self.released):
+            raise LedgerError(f"seq_id {seq_id} belongs to no released step (steps {self.first_step}.."
+                              f"{self.released - 1} released)")
         return step
 
     def seq_ids(self, step: int) -> range:

@@ -95,17 +95,23 @@ class GlobalParameterStorage:
         return self.register_models({model: params}, writable=[model] if writable else [], num_layers=layers)
 
     def register_models(self, models: Mapping[str, Mapping[str, torch.Tensor]], *, writable: Collection[str],
-                        num_layers: Mapping[str, int] | None = None) -> Placement:
+                        num_layers: Mapping[str, int] | None = None,
+                        versions: Mapping[str, int] | None = None) -> Placement:
         """Register several models with one joint placement (App. B.1: policy and GenRM together decide
         replicated vs hybrid and the group size k, on their summed footprint against the per-node budget
         left after the models registered before). ``writable`` names the models GPS will write (two host
-        copies each). Collective with a group, like ``register``."""
-        return self._serial(lambda: self._register(dict(models), set(writable), dict(num_layers or {})))
+        copies each); ``versions`` the version a model's tensors are (default 0; a resumed run registers
+        its checkpoint's policy at the version it was saved at). Collective with a group, like ``register``."""
+        return self._serial(lambda: self._register(dict(models), set(writable), dict(num_layers or {}),
+                                                   dict(versions or {})))
 
     def _register(self, models: dict[str, Mapping[str, torch.Tensor]], writable: set[str],
-                  num_layers: dict[str, int]) -> Placement:
+                  num_layers: dict[str, int], versions: dict[str, int] | None = None) -> Placement:
+        versions = versions or {}
         if not models:
             raise ValueError("register_models: no models given")
+        if bad := {m: v for m, v in versions.items() if m not in models or not isinstance(v, int) or v < 0}:
+            raise ValueError(f"register_models: versions must name given models with an int >= 0, got {bad}")
         if again := sorted(set(models) & set(self._models)):
             raise ValueError(f"models {again} are already registered")
         if unknown := sorted((writable | set(num_layers)) - set(models)):
@@ -124,6 +130,7 @@ class GlobalParameterStorage:
         for model, params in models.items():
             state = ModelState.create(model, specs[model], {n: t.dtype for n, t in params.items()},
                                       model in writable, placement)
+            state.version = versions.get(model, 0)
             for node in self._hosted_nodes():
                 state.copies[node] = self._allocate_copy(state, node, params)
             self._models[model] = state

@@ -2,7 +2,10 @@
 ``prompt``/``answer`` layout, and an embedded arithmetic dataset written in DAPO's columns.
 
 Invariant: a ``PromptDataset`` holds each distinct (prompt messages, ground truth) pair exactly once,
-in first-occurrence order, with ``prompt_id`` equal to its position. DAPO-Math-17k repeats every prompt
+in first-occurrence order, with ``prompt_id`` equal to its position. A row that cannot be a prompt (a
+missing or empty prompt or ground truth, a wrong type) is skipped and counted by reason
+(``skipped``); a file whose layout is wrong (a required column missing) or with no usable row fails
+with an error naming the column. ``num_rows_read = len + num_duplicates + sum(skipped.values())``. DAPO-Math-17k repeats every prompt
 ~100 times and AIME-2024 32 times; both are deduplicated on load. GRPO groups are built on top:
 ``make_groups`` gives every prompt of a batch ``num_responses`` sequences sharing one ``group_id``.
 The arithmetic problems themselves (difficulty, train / held-out split) live in ``arithmetic.py``.
@@ -10,6 +13,7 @@ The arithmetic problems themselves (difficulty, train / held-out split) live in 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -78,23 +82,34 @@ def unwrap_dapo_problem(content: str) -> str:
 class PromptDataset(Sequence[PromptRecord]):
     """Deduplicated prompts with ground truths; see the module docstring for the invariant."""
 
-    def __init__(self, records: Sequence[PromptRecord], *, num_rows_read: int | None = None) -> None:
+    def __init__(self, records: Sequence[PromptRecord], *, num_rows_read: int | None = None,
+                 skipped: dict[str, int] | None = None) -> None:
         for position, record in enumerate(records):
             assert record.prompt_id == position, (record.prompt_id, position)
         self._records = tuple(records)
-        self.num_rows_read = len(self._records) if num_rows_read is None else num_rows_read
+        self.skipped: dict[str, int] = dict(skipped or {})  # reason -> rows (or prompts) left out
+        self.num_rows_read = len(self._records) + sum(self.skipped.values()) if num_rows_read is None \
+            else num_rows_read
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict[str, Any]], *, source: str = "rows") -> PromptDataset:
         """Build from row dicts in DAPO's layout or the simple ``prompt``/``answer`` layout."""
         if not rows:
             return cls([], num_rows_read=0)
+        if not all(isinstance(row, dict) for row in rows):
+            raise ValueError(f"{source}: every row must be a JSON object / a record, got "
+                             f"{type(next(r for r in rows if not isinstance(r, dict))).__name__}")
         columns = set().union(*(row.keys() for row in rows))
         parse = _row_parser(columns, source)
         records: list[PromptRecord] = []
+        skipped: dict[str, int] = {}
         seen: set[tuple[tuple[Message, ...], str]] = set()
         for row in rows:
-            messages, ground_truth, data_source = parse(row)
+            try:
+                messages, ground_truth, data_source = parse(row)
+            except BadRow as bad:
+                skipped[bad.reason] = skipped.get(bad.reason, 0) + 1
+                continue
             if (messages, ground_truth) in seen:
                 continue
             seen.add((messages, ground_truth))
@@ -104,7 +119,9 @@ class PromptDataset(Sequence[PromptRecord]):
                     data_source=data_source,
                 )
             )
-        return cls(records, num_rows_read=len(rows))
+        if not records:
+            raise ValueError(f"{source}: none of its {len(rows)} rows is a usable prompt (skipped: {skipped})")
+        return cls(records, num_rows_read=len(rows), skipped=skipped)
 
     @classmethod
     def from_file(cls, path: str | Path) -> PromptDataset:
@@ -135,7 +152,17 @@ class PromptDataset(Sequence[PromptRecord]):
     @property
     def num_duplicates(self) -> int:
         """Rows dropped as repeats of an earlier prompt."""
-        return self.num_rows_read - len(self._records)
+        return self.num_rows_read - len(self._records) - sum(self.skipped.values())
+
+    def select(self, keep: Any, reason: str) -> PromptDataset:
+        """The prompts for which ``keep(record)`` holds, renumbered; the others counted as ``reason``."""
+        kept = [r for r in self._records if keep(r)]
+        skipped = dict(self.skipped)
+        if len(kept) < len(self._records):
+            skipped[reason] = skipped.get(reason, 0) + len(self._records) - len(kept)
+        records = [PromptRecord(prompt_id=i, messages=r.messages, ground_truth=r.ground_truth,
+                                data_source=r.data_source) for i, r in enumerate(kept)]
+        return PromptDataset(records, num_rows_read=self.num_rows_read, skipped=skipped)
 
     def batch(self, step: int, num_prompts: int, *, seed: int) -> list[PromptRecord]:
         """The ``num_prompts`` prompts of ``step``: a seeded permutation per epoch, walked in order."""
@@ -220,6 +247,14 @@ def write_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
+class BadRow(ValueError):
+    """One row that cannot be a prompt; ``reason`` is the count's key (``PromptDataset.skipped``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def _row_parser(columns: set[str], source: str):  # noqa: ANN202 (a closure over the layout)
     """The row -> (messages, ground truth, data source) function for the layout ``columns`` show."""
     if "prompt" not in columns:
@@ -237,26 +272,46 @@ def _row_parser(columns: set[str], source: str):  # noqa: ANN202 (a closure over
 
 def _messages(prompt: Any, source: str) -> tuple[Message, ...]:
     if isinstance(prompt, str):
-        return (Message(role="user", content=prompt),)
-    if isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-        try:
-            return tuple(Message(role=str(m["role"]), content=str(m["content"])) for m in prompt)
-        except KeyError as missing:
-            raise ValueError(f"{source}: a 'prompt' message lacks key {missing}") from None
-    raise ValueError(f"{source}: column 'prompt' must be a string or a non-empty list of chat messages")
+        messages: tuple[Message, ...] = (Message(role="user", content=prompt),)
+    elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, str)) and prompt:
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                   for m in prompt):
+            raise BadRow("prompt: a message is not {role: str, content: str}")
+        messages = tuple(Message(role=m["role"], content=m["content"]) for m in prompt)
+    elif prompt is None or (isinstance(prompt, Sequence) and not prompt):
+        raise BadRow("prompt: missing or empty")
+    else:
+        raise BadRow(f"prompt: a {type(prompt).__name__}, not a string or a list of chat messages")
+    user = [m.content for m in messages if m.role == "user"]
+    if not unwrap_dapo_problem(user[-1] if user else messages[-1].content).strip():
+        raise BadRow("prompt: empty text")  # also an empty problem inside DAPO's instructions
+    return messages
 
 
 def _ground_truth(row: dict[str, Any], source: str) -> str:
     reward_model = row.get("reward_model")
-    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
-        raise ValueError(f"{source}: column 'reward_model' lacks 'ground_truth' in row {row!r:.200}")
-    return str(reward_model["ground_truth"])
+    if not isinstance(reward_model, dict):
+        raise BadRow("reward_model: missing or not a mapping")
+    return _answer_text(reward_model.get("ground_truth"), "reward_model.ground_truth")
 
 
 def _answer(row: dict[str, Any], source: str) -> str:
-    if row.get("answer") is None:
-        raise ValueError(f"{source}: column 'answer' is empty in row {row!r:.200}")
-    return str(row["answer"])
+    return _answer_text(row.get("answer"), "answer")
+
+
+def _answer_text(value: Any, key: str) -> str:
+    """A ground truth as text: a string or a finite number; anything else is a bad row."""
+    if isinstance(value, bool) or value is None:
+        raise BadRow(f"{key}: missing" if value is None else f"{key}: a bool, not an answer")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadRow(f"{key}: not a finite number")
+    if isinstance(value, int | float):
+        return str(value)
+    if not isinstance(value, str):
+        raise BadRow(f"{key}: a {type(value).__name__}, not a string or a number")
+    if not value.strip():
+        raise BadRow(f"{key}: empty")
+    return value
 
 
 def _from_parquet(path: Path) -> PromptDataset:
@@ -269,19 +324,28 @@ def _from_parquet(path: Path) -> PromptDataset:
         fields = {field.name for field in table.schema.field("reward_model").type}
         if "ground_truth" not in fields:
             raise ValueError(f"{path}: column 'reward_model' lacks field 'ground_truth' (has {sorted(fields)})")
-    unique = PromptDataset.from_rows(table.take(_first_occurrences(table)).to_pylist(), source=str(path))
-    return PromptDataset(list(unique), num_rows_read=table.num_rows)
+    first, num_null = _first_occurrences(table)
+    if len(first) == 0:
+        raise ValueError(f"{path}: none of its {table.num_rows} rows has a prompt and a ground truth")
+    unique = PromptDataset.from_rows(table.take(first).to_pylist(), source=str(path))
+    skipped = dict(unique.skipped)
+    if num_null:
+        skipped["prompt or ground truth: null"] = skipped.get("prompt or ground truth: null", 0) + num_null
+    return PromptDataset(list(unique), num_rows_read=table.num_rows, skipped=skipped)
 
 
-def _first_occurrences(table: Any) -> Any:
-    """Row indices of the first occurrence of each (prompt, ground truth) key, in order."""
+def _first_occurrences(table: Any) -> tuple[Any, int]:
+    """Row indices of the first occurrence of each (prompt, ground truth) key, in order, and the number of
+    rows whose key is null (a null prompt, message or ground truth: skipped)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     key = pc.binary_join_element_wise(_text(table["prompt"]), _truth_text(table), _KEY_SEP)
     indexed = pa.table({"key": key, "row": pa.array(range(table.num_rows), pa.int64())})
+    num_null = int(pc.sum(pc.is_null(key)).as_py() or 0)
+    indexed = indexed.filter(pc.is_valid(indexed["key"]))
     first = indexed.group_by("key", use_threads=False).aggregate([("row", "min")])["row_min"]
-    return pc.take(first, pc.array_sort_indices(first))
+    return pc.take(first, pc.array_sort_indices(first)), num_null
 
 
 def _text(column: Any) -> Any:

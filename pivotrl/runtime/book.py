@@ -18,7 +18,23 @@ from typing import Any
 from pivotrl.roles.data import PromptDataset, PromptRecord, chat_token_ids
 from pivotrl.roles.reward import Reward, RewardConfig, RewardStats, genrm_messages, score_sequence
 
-__all__ = ["SeqRecord", "RolloutBook"]
+__all__ = ["SeqRecord", "RolloutBook", "fitting_prompts"]
+
+TOO_LONG_FOR_POLICY = "prompt: too long for rollout.max_model_len - rollout.max_tokens"
+TOO_LONG_FOR_GENRM = "question: too long for the GenRM prompt (genrm.max_model_len - genrm.max_tokens)"
+
+
+def fitting_prompts(dataset: PromptDataset, tokenizer: Any, *, max_prompt_tokens: int, genrm_prompt_tokens: int,
+                    score_scale: float) -> PromptDataset:
+    """The prompts a run can use: the chat prompt leaves room for a whole response in the policy's context
+    (``max_prompt_tokens``), and the GenRM prompt of the question with an empty response fits the GenRM's
+    (``genrm_prompt_tokens``; a long response is cut to fit, the question and instructions never are).
+    The others are skipped and counted in ``skipped`` (never cut, which would change the problem)."""
+    dataset = dataset.select(lambda r: len(chat_token_ids(r.messages, tokenizer)) <= max_prompt_tokens,
+                             TOO_LONG_FOR_POLICY)
+    judge = lambda r: len(chat_token_ids(genrm_messages(r.question, "", scale=score_scale),  # noqa: E731
+                                         tokenizer)) <= genrm_prompt_tokens
+    return dataset.select(judge, TOO_LONG_FOR_GENRM)
 
 
 @dataclass(slots=True)

@@ -66,6 +66,11 @@ class RunConfig:
     progress: bool = True  # console progress bar (one line per step when stdout is not a terminal)
     timeout_s: float = 1800.0  # seconds; the whole run aborts with a message after this
     write_sequences: bool = False  # trace every sequence (tokens, log-probs, versions, reward) in sequences.jsonl
+    checkpoint_every: int = 0  # a checkpoint (policy, optimizer, data cursor) after every n-th step and the last; 0: none
+    keep_checkpoints: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
+    # false: a new run; true: continue the newest <out_dir>/<name>-* run folder holding a checkpoint; a path: that
+    # run folder (pivotrl/runtime/checkpoint.py). A job torchrun restarts (--max-restarts) resumes its own folder.
+    resume: Any = False
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -76,6 +81,12 @@ class RunConfig:
             raise ConfigError(f"num_steps: must be >= 1, got {self.num_steps}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError(f"timeout_s: must be a positive finite number of seconds, got {self.timeout_s}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every: must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
+        if not (isinstance(self.resume, bool) or (isinstance(self.resume, str) and self.resume.strip())):
+            raise ConfigError(f"resume: must be false, true or the path of a run folder, got {self.resume!r}")
 
 
 @dataclass(kw_only=True, slots=True)

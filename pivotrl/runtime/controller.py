@@ -58,6 +58,11 @@ class ControllerSpec:
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured
     timeout_s: float = 1800.0
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
+    checkpoint_every: int = 0  # checkpoint after every checkpoint_every-th step and the last; 0: never
+    keep_checkpoints: int = 2
+
+    def checkpoints_after(self, step: int, num_steps: int) -> bool:
+        return self.checkpoint_every > 0 and ((step + 1) % self.checkpoint_every == 0 or step == num_steps - 1)
 
     def validates_after(self, step: int, num_steps: int) -> bool:
         return self.eval_every > 0 and ((step + 1) % self.eval_every == 0 or step == num_steps - 1)
@@ -136,7 +141,8 @@ class RuntimeCluster:
     """``ClusterBackend`` + message handling; owns the ``ControlPlane`` of the run."""
 
     def __init__(self, spec: ControllerSpec, bus: Any, book: RolloutBook, deployment: Any, *, num_steps: int,
-                 staleness: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None) -> None:
+                 staleness: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None,
+                 run_folder: Any = None, resumed: Any = None) -> None:
         self.spec, self.bus, self.book = spec, bus, book
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // spec.devices_per_node)
                              for d in range(spec.num_devices))
@@ -162,7 +168,19 @@ class RuntimeCluster:
         self._saved: m.Saved | None = None
         self._byes: set[int] = set()
         self._last_step_row: dict[str, Any] = {}
-        ledger = StepLedger(num_steps=num_steps, seqs_per_step=book.seqs_per_step, staleness=staleness)
+        # checkpoints (``pivotrl.runtime.checkpoint``): the run folder they go to, the one resumed from
+        if spec.checkpoint_every and run_folder is None:
+            raise ValueError("RuntimeCluster: checkpoint_every > 0 needs the run folder")
+        self.run_folder = run_folder
+        self.resumed = resumed  # a Checkpoint, or None for a new run
+        first_step = 0 if resumed is None else resumed.step
+        self.published_version = first_step
+        self.prior_books: dict[str, list[Any]] = {} if resumed is None else dict(resumed.state["books"])
+        self.prior_seconds = 0.0 if resumed is None else float(resumed.state.get("seconds", 0.0))
+        self._checkpoint_saved: dict[int, str] = {}  # step -> where its trainer files went
+        self.checkpoints: list[int] = []  # steps committed by this process
+        ledger = StepLedger(num_steps=num_steps, seqs_per_step=book.seqs_per_step, staleness=staleness,
+                            first_step=first_step)
         self.plane = ControlPlane(backend=self, clock=self.clock, deployment=deployment, ledger=ledger)
 
     # ------------------------------------------------------------------ ClusterBackend
@@ -205,10 +223,17 @@ class RuntimeCluster:
 
     def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
         self._training = device_ids
+        num_steps = self.plane.ledger.num_steps
+        checkpoint = None
+        if self.spec.checkpoints_after(step, num_steps):
+            from pivotrl.runtime.checkpoint import checkpoint_dir
+
+            checkpoint = str(checkpoint_dir(self.run_folder, step + 1))
         for device, shard in zip(device_ids, self.book.batch_shards(step, len(device_ids))):
             self.trained_sequences[step] = self.trained_sequences.get(step, 0) + len(shard["response_ids"])
             self.bus.send(device, m.Train(step=step, **shard, validate_before=step == 0 and self.spec.eval_every > 0,
-                                          validate_after=self.spec.validates_after(step, self.plane.ledger.num_steps)))
+                                          validate_after=self.spec.validates_after(step, num_steps),
+                                          checkpoint_dir=checkpoint if device == device_ids[0] else None))
         self.clock.call_at(self.clock.now(), self.plane.training_started)
 
     def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
@@ -335,6 +360,8 @@ class RuntimeCluster:
         self.train_stats[msg.step].append(dict(msg.stats))
         if msg.report is not None:
             self._record_shift(device, msg.report)
+        if msg.checkpoint_dir is not None:
+            self._checkpoint_saved[msg.step] = msg.checkpoint_dir
         self._trained_from[msg.step].add(device)
         if self._trained_from[msg.step] == set(self._training):
             self.plane.trained(msg.step)
@@ -344,6 +371,8 @@ class RuntimeCluster:
         if len(self._written[msg.version]) == self.spec.num_devices:
             self.published_version = msg.version
             self._emit_step(msg.version - 1)
+            if msg.version - 1 in self._checkpoint_saved:
+                self._commit_checkpoint(msg.version)
             self.plane.published(msg.version)
 
     def _on_TrainingDown(self, device: int, msg: m.TrainingDown) -> None:
@@ -365,6 +394,18 @@ class RuntimeCluster:
     def _emit_step(self, step: int) -> None:
         self._last_step_row = step_row(self, step, self._last_step_row)
         self.on_step(self._last_step_row)
+
+    def _commit_checkpoint(self, version: int) -> None:
+        """The trainer files of step ``version - 1`` are written and its metrics row is out: complete the
+        checkpoint with the data cursor and the books of every step so far."""
+        from pivotrl.runtime.checkpoint import commit
+        from pivotrl.runtime.metrics import step_books
+
+        del self._checkpoint_saved[version - 1]
+        state = {"version": version, "next_step": version, "seed": self.book.seed,
+                 "seconds": self.prior_seconds + self.clock.now(), "books": step_books(self, upto=version)}
+        commit(self.run_folder, version, state, keep=self.spec.keep_checkpoints)
+        self.checkpoints.append(version)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:

@@ -55,6 +55,16 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+def _proc_address(hex_address: str) -> str:
+    """An address as /proc/net/tcp{,6} writes it (little-endian 32-bit words) in the usual notation."""
+    import ipaddress
+
+    words = [bytes.fromhex(hex_address[i:i + 8])[::-1] for i in range(0, len(hex_address), 8)]
+    address = ipaddress.ip_address(b"".join(words))
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,11 +77,114 @@ def _can_unshare() -> bool:
     return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
 
 
-def run_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int = 4, timeout_s: float = 900) -> Job:
-    """Run the pipeline; returns its exit code, output and run folder (None if none was made)."""
+class RunningJob:
+    """A job started by ``start_job``: ``wait`` for it, or kill one rank (``kill_rank``) or all of it."""
+
+    def __init__(self, proc: subprocess.Popen, out_dir: Path, timeout_s: float) -> None:
+        import threading
+
+        self.proc, self.out_dir, self.timeout_s = proc, out_dir, timeout_s
+        self.master_port = 0  # torchrun's store (its rendezvous), on MASTER_ADDR = 127.0.0.1
+        self._chunks: list[str] = []  # the job's output so far (read all along: a full pipe would block the job)
+        self._reader = threading.Thread(target=self._read, name="job-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._chunks.append(line)
+
+    def output(self) -> str:
+        """Everything the job printed so far (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self._chunks)
+
+    def folder(self) -> Path | None:
+        """The newest run folder under ``out_dir`` (None before one exists)."""
+        folders = sorted(p for p in self.out_dir.iterdir() if p.is_dir()) if self.out_dir.exists() else []
+        return folders[-1] if folders else None
+
+    def rank_pids(self) -> dict[int, int]:
+        """Global rank -> pid of the job's worker processes now alive."""
+        import psutil
+
+        out: dict[int, int] = {}
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return out
+        for p in procs:
+            try:
+                env = p.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if "RANK" in env and "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env:
+                out[int(env["RANK"])] = p.pid
+        return out
+
+    def listening_sockets(self) -> list[tuple[str, str, int]]:
+        """(process, address, port) of every listening TCP socket of the job's processes, read from each
+        process's own ``/proc/<pid>/net/tcp*`` (the job may run in a network namespace of its own).
+        ``process`` is ``rank N`` for a worker, else the command's first words."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+        out = []
+        for p in procs:
+            try:
+                env, cmd = p.environ(), p.cmdline()
+                inodes = {os.readlink(f"/proc/{p.pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{p.pid}/fd")
+                          if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith("socket:[")}
+                table = [line.split() for name in ("tcp", "tcp6")
+                         for line in Path(f"/proc/{p.pid}/net/{name}").read_text().splitlines()[1:]]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError):
+                continue
+            who = f"rank {env['RANK']}" if "RANK" in env and "LOCAL_RANK" in env else " ".join(cmd[:4])
+            for fields in table:
+                if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN, a socket this process holds
+                    address, port = fields[1].split(":")
+                    out.append((who, _proc_address(address), int(port, 16)))
+        return sorted(set(out))
+
+    def kill_rank(self, rank: int) -> int:
+        """SIGKILL the worker process of global ``rank``; returns its pid."""
+        pid = self.rank_pids().get(rank)
+        if pid is None:
+            raise LookupError(f"rank {rank} has no live process in this job")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def kill(self) -> None:
+        """SIGKILL every process of the job (torchrun's agents and every rank), as a crashed machine would."""
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+
+    def wait(self) -> Job:
+        try:
+            self.proc.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+            raise AssertionError(f"the job did not finish within {self.timeout_s:.0f} s; last output:\n"
+                                 f"{self.output()[-6000:]}") from None
+        finally:
+            kill_tree(self.proc.pid)
+        return Job(self.proc.returncode, self.output(), self.folder())
+
+
+def start_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int = 4, timeout_s: float = 900,
+              max_restarts: int = 0) -> RunningJob:
+    """Start the pipeline in the background (see ``run_job``); ``max_restarts``: torchrun restarts the
+    job this many times after a rank fails (the restarted job resumes its run folder)."""
     port = _free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
-                "--master_addr=127.0.0.1", f"--master_port={port}"]
+                "--master_addr=127.0.0.1", f"--master_port={port}", f"--rdzv_id=job-{port}",
+                f"--max_restarts={max_restarts}", "--monitor_interval=0.5"]
     args = [str(LAUNCHER), f"run.out_dir={out_dir}", "run.progress=false", f"cluster.num_nodes={nnodes}",
             f"cluster.devices_per_node={nproc}", *overrides]
     commands = [" ".join([*torchrun, f"--node_rank={i}", *args]) for i in range(nnodes)]
@@ -89,13 +202,13 @@ def run_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int 
            "GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        output, _ = proc.communicate()
-        raise AssertionError(f"the job did not finish within {timeout_s:.0f} s; last output:\n{output[-6000:]}")
-    finally:
-        kill_tree(proc.pid)
-    folders = sorted(p for p in out_dir.iterdir() if p.is_dir()) if out_dir.exists() else []
-    return Job(proc.returncode, output, folders[-1] if folders else None)
+    job = RunningJob(proc, out_dir, timeout_s)
+    job.master_port = port
+    return job
+
+
+def run_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int = 4, timeout_s: float = 900,
+            max_restarts: int = 0) -> Job:
+    """Run the pipeline; returns its exit code, output and run folder (None if none was made)."""
+    return start_job(out_dir, overrides, nnodes=nnodes, nproc=nproc, timeout_s=timeout_s,
+                     max_restarts=max_restarts).wait()

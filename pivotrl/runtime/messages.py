@@ -142,6 +142,7 @@ class Train(Message):
     behaviour_logprobs: list[list[float]]  # per response token, under the policy that sampled it
     validate_before: bool  # validate the policy before the update (the step's input version)
     validate_after: bool  # validate the policy after the update (the version this step publishes)
+    checkpoint_dir: str | None = None  # save the updated policy and the trainer state there (one rank)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,6 +233,7 @@ class Trained(WorkerMessage):
     step: int
     stats: dict[str, Any]  # StepStats fields and ``seconds`` (the step's wall time)
     report: dict[str, Any] | None  # the shift-up report if training was shifted up for this step
+    checkpoint_dir: str | None = None  # where this rank saved the step's checkpoint files (Train asked it to)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

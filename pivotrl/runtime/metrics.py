@@ -14,7 +14,7 @@ from pivotrl.planner.state import INFERENCE_ROLES
 if TYPE_CHECKING:
     from pivotrl.runtime.controller import RuntimeCluster
 
-__all__ = ["step_row", "accounting", "time_breakdown"]
+__all__ = ["step_row", "accounting", "step_books", "time_breakdown"]
 
 
 def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[s
 
 
 _GLOBAL_TRAIN_STATS = ("num_tokens", "clip_fraction", "grad_norm", "ratio_max_abs_dev", "behaviour_weight_mean",
-                       "behaviour_weight_max", "num_capped")
+                       "behaviour_weight_max", "num_capped", "is_skipped")
 
 
 def validation(shares: list[dict[str, Any]]) -> dict[str, Any]:
@@ -64,21 +64,35 @@ def validation(shares: list[dict[str, Any]]) -> dict[str, Any]:
             "seconds": max(s["seconds"] for s in shares)}
 
 
+def step_books(cluster: RuntimeCluster, *, upto: int | None = None) -> dict[str, list[int]]:
+    """Per-step counts of steps ``[0, upto)`` (default: every step): rollouts, judgements, sequences sent to
+    the trainer, the trainer's token count and the response tokens it should have counted. Steps before a
+    resumed run's first step come from its checkpoint (``cluster.prior_books``)."""
+    ledger, book = cluster.plane.ledger, cluster.book
+    steps = range(ledger.num_steps if upto is None else upto)
+    kept: dict[int, int] = {}
+    for r in book.records.values():
+        if r.reward is not None and r.reward.total is not None:
+            kept[r.step] = kept.get(r.step, 0) + len(r.response_ids or ())
+    here = {"rollouts_done": lambda k: ledger.rollouts_done[k], "judged": lambda k: ledger.judged[k],
+            "trainer_tokens_by_step": lambda k: sum(s.get("num_tokens", 0) for s in cluster.train_stats[k][:1]),
+            "kept_response_tokens_by_step": lambda k: kept.get(k, 0),
+            "trained_sequences_by_step": lambda k: cluster.trained_sequences.get(k, 0)}
+    prior, first = cluster.prior_books, ledger.first_step
+    return {key: [prior[key][k] if k < first else count(k) for k in steps] for key, count in here.items()}
+
+
 def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
     """What the tests and the summary check: counts per step from the ledger, the book and the
-    workers' own reports (engine tokens, trainer tokens, roles held)."""
+    workers' own reports (engine tokens, trainer tokens, roles held). A resumed run's engine and
+    sequence tokens are those of this process (``resumed_from_step`` says where it began)."""
     ledger, book = cluster.plane.ledger, cluster.book
-    steps = range(ledger.num_steps)
     return {
-        "rollouts_done": list(ledger.rollouts_done), "judged": list(ledger.judged), "trained_steps": ledger.trained,
+        **step_books(cluster), "trained_steps": ledger.trained,
+        "resumed_from_step": ledger.first_step if cluster.resumed is not None else None,
         "engine_tokens": sum(cluster.tokens_by_role.values()),
         "sequence_tokens": sum(len(r.response_ids or ()) + len(r.judgement_ids or ())
                                for r in book.records.values()),
-        "trainer_tokens_by_step": [sum(s.get("num_tokens", 0) for s in cluster.train_stats[k][:1]) for k in steps],
-        "kept_response_tokens_by_step": [sum(len(r.response_ids or ()) for r in book.records.values()
-                                             if r.step == k and r.reward is not None and r.reward.total is not None)
-                                         for k in steps],
-        "trained_sequences_by_step": [cluster.trained_sequences.get(k, 0) for k in steps],
         "max_roles_held": cluster.max_roles_held,  # over every report of every worker
         "time_breakdown": time_breakdown(cluster),
         "planner_decisions": len(cluster.plane.planner_calls),

@@ -67,18 +67,21 @@ def run(cfg: Any) -> RunResult:
     gps_group = dist.new_group(list(range(world)), backend="gloo")
     training_group = dist.new_group(list(training), backend="gloo")
     policy_path, genrm_path = _checkpoints(cfg, rank)
-    gps = _gps(cfg, gps_group, rank, policy_path, genrm_path)
+    resumed = _resume_point(cfg, rank)
+    gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
     result = RunResult()
     thread, box = None, {}
     if rank == 0:
         bus = ControllerBus()
         box["address"] = bus.address
-        thread = threading.Thread(target=_controller, args=(cfg, bus, policy_path, genrm_path, training, result),
-                                  name="pivotrl-controller", daemon=True)
+        thread = threading.Thread(target=_controller, args=(cfg, bus, policy_path, genrm_path, training, result,
+                                                            resumed), name="pivotrl-controller", daemon=True)
     address = exchange_address(box.get("address"))
     if thread is not None:
         thread.start()
     spec = _worker_spec(cfg, rank, policy_path, genrm_path, training)
+    if resumed.checkpoint is not None and rank in training:
+        spec.trainer_state = str(resumed.checkpoint.trainer_file)
     with WorkerBus(address, rank) as wbus:
         Worker(spec, wbus, gps, training_group if rank in training else None).run()
     if thread is not None:
@@ -96,6 +99,43 @@ def training_device_ids(cfg: Any) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------- set-up
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where this job starts: a run folder to continue (None: a new one) and its checkpoint (None: step 0)."""
+
+    folder: Path | None = None
+    checkpoint: Any = None  # pivotrl.runtime.checkpoint.Checkpoint
+
+
+def resume_folder(cfg: Any) -> Path | None:
+    """The run folder this job continues, or None for a new run: ``run.resume`` (true / a path), or the
+    folder of this very job when torchrun restarted it after a rank died (``--max-restarts``)."""
+    from pivotrl.runtime.checkpoint import find_job_folder, find_resume_folder
+
+    if cfg.run.resume is not False:
+        return find_resume_folder(cfg.run.out_dir, cfg.run.name, cfg.run.resume)
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return find_job_folder(cfg.run.out_dir, cfg.run.name, os.environ.get("TORCHELASTIC_RUN_ID", ""))
+    return None
+
+
+def _resume_point(cfg: Any, rank: int) -> ResumePoint:
+    """Collective: rank 0 finds the resume point (``resume_folder``), every rank gets it."""
+    import torch.distributed as dist
+
+    from pivotrl.runtime.checkpoint import latest
+
+    box: list[Any] = [None]
+    if rank == 0:
+        folder = resume_folder(cfg)
+        box[0] = None if folder is None else str(folder)
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is None:
+        return ResumePoint()
+    folder = Path(box[0])  # a restarted job's folder may have no checkpoint yet: it starts again at step 0
+    return ResumePoint(folder, latest(folder))
+
+
 def _checkpoints(cfg: Any, rank: int) -> tuple[Path, Path]:
     """Model folders; "tiny" builds the embedded checkpoints (rank 0 first, the others reuse them)."""
     import torch.distributed as dist
@@ -114,13 +154,17 @@ def _checkpoints(cfg: Any, rank: int) -> tuple[Path, Path]:
     return Path(policy), Path(genrm)
 
 
-def _gps(cfg: Any, group: Any, rank: int, policy: Path, genrm: Path) -> Any:
+def _gps(cfg: Any, group: Any, rank: int, policy: Path, genrm: Path, resumed: ResumePoint) -> Any:
     from pivotrl.gps.store import GlobalParameterStorage
 
     gps = GlobalParameterStorage(cfg.gps_config(), group=group)
     is_host = rank % cfg.cluster.devices_per_node == 0  # the first rank of each node holds its copy
+    version = 0
+    if resumed.checkpoint is not None:  # the checkpoint's policy, at the version it was saved at
+        policy, version = resumed.checkpoint.policy_dir, resumed.checkpoint.step
     gps.register_models({"policy": checkpoint_tensors(policy, real=is_host),  # one joint placement (App. B.1)
-                         "genrm": checkpoint_tensors(genrm, real=is_host)}, writable=["policy"])
+                         "genrm": checkpoint_tensors(genrm, real=is_host)}, writable=["policy"],
+                        versions={"policy": version})
     return gps
 
 
@@ -176,17 +220,30 @@ def _validation(cfg: Any, rank: int, training: tuple[int, ...]) -> Any:
 
 
 # ---------------------------------------------------------------------- the controller thread
-def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult) -> None:
+def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult,
+                resumed: ResumePoint) -> None:
     from pivotrl.runtime import messages as m
+    from pivotrl.runtime.checkpoint import truncate_jsonl, write_job_id
     from pivotrl.runtime.metrics import accounting
     from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line
 
-    folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
+    if resumed.folder is None:
+        folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
+        write_job_id(folder.path, os.environ.get("TORCHELASTIC_RUN_ID", ""))
+    else:  # continue the run folder: rows of steps after the checkpoint are written again
+        folder = RunFolder(resumed.folder)
+        first = 0 if resumed.checkpoint is None else resumed.checkpoint.step
+        for path in (folder.metrics_path, folder.sequences_path):
+            truncate_jsonl(path, first)
+        folder.write_config(cfg.to_yaml())
+        print(f"pivotrl: resuming {folder.path} at step {first}"
+              + ("" if resumed.checkpoint is None else f" (checkpoint {resumed.checkpoint.path.name})"), flush=True)
     result.folder = folder.path
     cluster = None
     started = time.monotonic()
     try:
-        with Progress(cfg.run.num_steps, enabled=cfg.run.progress) as progress:
+        first_step = 0 if resumed.checkpoint is None else resumed.checkpoint.step
+        with Progress(cfg.run.num_steps, enabled=cfg.run.progress, num_done=first_step) as progress:
             def on_step(row: dict[str, Any]) -> None:
                 folder.append_metrics(row)
                 if cfg.run.write_sequences:
@@ -194,7 +251,8 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                 progress.step_done(num_tokens=sum(row["tokens_total_by_role"].values()), elapsed_s=row["time_s"],
                                    num_shifts=len(cluster.plane.shifts) if cluster else 0)
 
-            cluster = build_cluster(cfg, bus, policy, genrm, on_step)
+            cluster = build_cluster(cfg, bus, policy, genrm, on_step, run_folder=folder.path,
+                                    resumed=resumed.checkpoint)
             cluster.run()
         seconds = cluster.clock.now()
         saved = cluster.save_policy(str(folder.policy_dir), device=training[0])
@@ -208,7 +266,8 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                           "rewards": cluster.book.run_rewards.as_dict(), **accounting(cluster),
                           "dataset": {"num_prompts": len(cluster.book.dataset),
                                       "num_rows_read": cluster.book.dataset.num_rows_read,
-                                      "num_duplicates": cluster.book.dataset.num_duplicates}}
+                                      "num_duplicates": cluster.book.dataset.num_duplicates,
+                                      "skipped": cluster.book.dataset.skipped}}
         folder.write_summary(result.summary)
         print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
         cluster.shutdown()
@@ -234,19 +293,28 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
 _FAILURE_GRACE_S = 3.0  # after a failure: time for the Shutdown messages and the log lines to go out
 
 
-def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -> Any:
+def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any, *, run_folder: Path | None = None,
+                  resumed: Any = None) -> Any:
     """The controller's ``RuntimeCluster`` for ``cfg`` (its control plane, book and roles)."""
     from pivotrl.control import make_deployment
     from pivotrl.roles.tiny import load_tokenizer
-    from pivotrl.runtime.book import RolloutBook
+    from pivotrl.runtime.book import RolloutBook, fitting_prompts
     from pivotrl.runtime.config import load_prompts
     from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
     from pivotrl.shifting.adapters import kv_bytes_per_token
 
     tokenizer = load_tokenizer(policy)
-    book = RolloutBook(load_prompts(cfg), tokenizer, prompts_per_step=cfg.data.prompts_per_step,
+    genrm_prompt_tokens = cfg.genrm.max_model_len - cfg.genrm.max_tokens
+    dataset = fitting_prompts(load_prompts(cfg), tokenizer, genrm_prompt_tokens=genrm_prompt_tokens,
+                              max_prompt_tokens=cfg.rollout.max_model_len - cfg.rollout.max_tokens,
+                              score_scale=cfg.reward.score_scale)
+    if len(dataset) < cfg.data.prompts_per_step:
+        raise ValueError(f"data: {len(dataset)} usable prompts, fewer than data.prompts_per_step = "
+                         f"{cfg.data.prompts_per_step} (left out: {dataset.skipped}); raise rollout.max_model_len / "
+                         "genrm.max_model_len or fix the data")
+    book = RolloutBook(dataset, tokenizer, prompts_per_step=cfg.data.prompts_per_step,
                        group_size=cfg.data.group_size, seed=cfg.run.seed, reward=cfg.reward,
-                       genrm_prompt_tokens=cfg.genrm.max_model_len - cfg.genrm.max_tokens)
+                       genrm_prompt_tokens=genrm_prompt_tokens)
     kv = {role: _kv_tokens(section, kv_bytes_per_token(path, section.dtype))
           for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
     spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,
@@ -255,10 +323,12 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any) -
                                                         temperature=cfg.rollout.temperature),
                                     "reward": Sampling(max_tokens=cfg.genrm.max_tokens,
                                                        temperature=cfg.genrm.temperature)},
-                          belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every)
+                          belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
+                          checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints)
     staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
-                          num_steps=cfg.run.num_steps, staleness=staleness, on_step=on_step)
+                          num_steps=cfg.run.num_steps, staleness=staleness, on_step=on_step, run_folder=run_folder,
+                          resumed=resumed)
 
 
 def _kv_tokens(section: Any, per_token: int) -> int:

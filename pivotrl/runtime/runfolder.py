@@ -128,18 +128,22 @@ class Progress:
     ``step_done`` takes the caller's clock (``elapsed_s`` since the run started), so output depends
     only on its arguments."""
 
-    def __init__(self, num_steps: int, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+    def __init__(self, num_steps: int, *, enabled: bool = True, stream: TextIO | None = None,
+                 num_done: int = 0) -> None:
         if num_steps < 1:
             raise ValueError(f"num_steps: must be >= 1, got {num_steps}")
+        if not 0 <= num_done < num_steps:
+            raise ValueError(f"num_done: must be in [0, {num_steps}), got {num_done}")
         self.num_steps = num_steps
-        self.num_done = 0
+        self.num_done = num_done  # steps done before (a resumed run)
         self._stream = stream if stream is not None else sys.stdout
         self._enabled = enabled
         self._bar: Any = None
         if enabled and _is_tty(self._stream):
             from tqdm import tqdm
 
-            self._bar = tqdm(total=num_steps, desc="RL steps", unit="step", file=self._stream, dynamic_ncols=True)
+            self._bar = tqdm(total=num_steps, initial=num_done, desc="RL steps", unit="step", file=self._stream,
+                             dynamic_ncols=True)
 
     @property
     def uses_bar(self) -> bool:

@@ -99,6 +99,7 @@ class WorkerSpec:
     training_device_ids: tuple[int, ...]  # the fixed training device set
     report_interval_s: float = 0.02  # at most this long between Progress reports while tokens flow
     validation: Validation | None = None  # this training device's share of the held-out set (§8.7)
+    trainer_state: str | None = None  # a resumed run: the checkpoint's trainer.pt (optimizer and RNG state)
 
     def __post_init__(self) -> None:
         if self.device_id < 0:
@@ -361,8 +362,13 @@ class Worker:
             extra["eval_after"] = self._validate(msg.step + 1)
         seconds = time.perf_counter() - start
         self._snapshot = {n: t.detach().clone() for n, t in self._training.trainer.state_dict_hf().items()}
+        if msg.checkpoint_dir is not None:  # the policy this step publishes, and what the next step continues from
+            from pivotrl.runtime.checkpoint import POLICY_DIR, TRAINER_FILE, save_trainer_state
+
+            save_checkpoint(Path(self.spec.policy_path), Path(msg.checkpoint_dir) / POLICY_DIR, self._snapshot)
+            save_trainer_state(Path(msg.checkpoint_dir) / TRAINER_FILE, self._training.trainer)
         self._send(Trained, step=msg.step, stats=_finite({**asdict(stats), "seconds": seconds}) | extra,
-                   report=report)
+                   report=report, checkpoint_dir=msg.checkpoint_dir)
 
     def _validate(self, version: int) -> dict[str, Any]:
         """Counts of this device's share of the held-out set under the trainer's current parameters."""
@@ -384,6 +390,12 @@ class Worker:
         ids = self.spec.training_device_ids
         group = self.training_group if len(ids) > 1 else None
         trainer = GRPOTrainer.from_pretrained(self.spec.policy_path, self.spec.trainer, process_group=group)
+        if self.spec.trainer_state is not None:  # resumed: the parameters come from GPS at shift up
+            from pivotrl.runtime.checkpoint import load_trainer_state
+
+            state = load_trainer_state(Path(self.spec.trainer_state))
+            trainer.load_optimizer_state(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
         return TrainingRole(trainer, model="policy", devices=ids, local_device=self.device,
                             parallelism=Parallelism(dp=len(ids)))
 

@@ -73,3 +73,15 @@ def test_duplicates_and_unknown_ids_raise_naming_the_sequence() -> None:
         ledger.publish(1)
     with pytest.raises(ValueError, match="staleness >= 0"):
         StepLedger(num_steps=1, seqs_per_step=1, staleness=-1)
+
+
+def test_a_resumed_ledger_starts_after_its_trained_steps() -> None:
+    ledger = StepLedger(num_steps=5, seqs_per_step=4, staleness=1, first_step=2)
+    assert (ledger.released, ledger.trained, ledger.version) == (2, 2, 2) and not ledger.done
+    with pytest.raises(LedgerError, match="seq_id 4 belongs to no released step"):
+        ledger.rollout_finished(4)  # step 1 was trained before the checkpoint
+    assert ledger.release() == 2 and ledger.release() == 3 and not ledger.can_release()  # staleness 1
+    assert list(ledger.seq_ids(2)) == [8, 9, 10, 11]
+    for first in (-1, 5):
+        with pytest.raises(ValueError, match=r"first_step must be in \[0, 5\)"):
+            StepLedger(num_steps=5, seqs_per_step=4, staleness=1, first_step=first)

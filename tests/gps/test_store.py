@@ -202,3 +202,18 @@ def test_a_write_interrupted_midway_leaves_the_previous_version_intact() -> None
         assert all(torch.equal(result.shards[d][n], t) for d in expected for n, t in expected[d].items())
         assert gps.write("policy", [0, 1], training, _shards(newer, [0, 1], training, 3)) == 1
         assert all(torch.equal(gps.host_copy("policy", 1)[n], t) for n, t in newer.items())
+
+
+def test_a_resumed_run_registers_its_checkpoint_at_its_version() -> None:
+    """A resumed run's policy is version N in GPS: reads see N, the next write commits N + 1."""
+    params = _params(DENSE, 0)
+    with GlobalParameterStorage(GPSConfig(devices_per_node=4)) as gps:
+        gps.register_models({"policy": params, "genrm": _params(DENSE, 1)}, writable=["policy"],
+                            versions={"policy": 5})
+        assert gps.version("policy") == 5 and gps.version("genrm") == 0
+        assert gps.read("policy", [0], Parallelism(), min_version=5).version == 5
+        shards = _shards({n: t + 1 for n, t in params.items()}, [0], Parallelism(), 3)
+        assert gps.write("policy", [0], Parallelism(), shards) == 6
+        for bad in ({"critic": 1}, {"policy": -1}):
+            with pytest.raises(ValueError, match="versions must name given models"):
+                gps.register_models({"other": params}, writable=[], versions=bad)

@@ -81,7 +81,7 @@ def test_simple_layout(tmp_path: Path) -> None:
     [
         ([{"question": "q", "answer": "1"}], "'prompt'"),
         ([{"prompt": "q", "solution": "1"}], "'reward_model'"),
-        ([{"prompt": "q", "reward_model": {"style": "x"}}], "'ground_truth'"),
+        ([{"prompt": "q", "reward_model": {"style": "x"}}], "ground_truth"),
     ],
 )
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
@@ -89,6 +89,62 @@ def test_missing_columns_are_named(tmp_path: Path, rows: list[dict], missing: st
     path = write_rows(tmp_path / f"bad{suffix}", rows)
     with pytest.raises(ValueError, match=missing):
         PromptDataset.from_file(path)
+
+
+def _bad_rows() -> list[tuple[dict, str]]:
+    """Rows users' files do contain, each with the reason it is skipped."""
+    good = dapo_row("Find 7.", "7", index="g")
+    return [
+        ({**good, "prompt": None}, "prompt: missing or empty"),
+        ({**good, "prompt": []}, "prompt: missing or empty"),
+        ({**good, "prompt": "   \n"}, "prompt: empty text"),
+        ({**good, "prompt": [{"role": "user", "content": ""}]}, "prompt: empty text"),
+        ({**good, "prompt": [{"role": "user"}]}, "prompt: a message is not {role: str, content: str}"),
+        ({**good, "prompt": [{"role": "user", "content": 5}]}, "prompt: a message is not {role: str, content: str}"),
+        ({**good, "prompt": 42}, "prompt: a int, not a string or a list of chat messages"),
+        ({**good, "reward_model": None}, "reward_model: missing or not a mapping"),
+        ({**good, "reward_model": "7"}, "reward_model: missing or not a mapping"),
+        ({**good, "reward_model": {"ground_truth": None}}, "reward_model.ground_truth: missing"),
+        ({**good, "reward_model": {"ground_truth": ""}}, "reward_model.ground_truth: empty"),
+        ({**good, "reward_model": {"ground_truth": ["7"]}}, "reward_model.ground_truth: a list, not a string or a number"),
+        ({**good, "reward_model": {"ground_truth": float("nan")}}, "reward_model.ground_truth: not a finite number"),
+        ({**good, "reward_model": {"ground_truth": True}}, "reward_model.ground_truth: a bool, not an answer"),
+    ]
+
+
+def test_bad_rows_are_skipped_and_counted_by_reason() -> None:
+    rows = [dapo_row(f"Find {k}.", str(k), index=str(k)) for k in range(3)]
+    bad = _bad_rows()
+    mixed = [rows[0], *[row for row, _ in bad], rows[1], rows[1], rows[2]]
+    dataset = PromptDataset.from_rows(mixed)
+    assert [r.ground_truth for r in dataset] == ["0", "1", "2"]  # the good ones, in order, once
+    assert dataset.skipped == Counter(reason for _, reason in bad)
+    assert dataset.num_duplicates == 1 and dataset.num_rows_read == len(mixed)
+    assert PromptDataset.from_rows([{**rows[0], "reward_model": {"ground_truth": 12}}])[0].ground_truth == "12"
+
+
+def test_a_file_without_one_usable_row_fails_naming_the_reasons(tmp_path: Path) -> None:
+    rows = [row for row, _ in _bad_rows()[:3]]
+    with pytest.raises(ValueError, match=r"none of its 3 rows is a usable prompt.*prompt: missing or empty"):
+        PromptDataset.from_rows(rows)
+    with pytest.raises(ValueError, match="every row must be a JSON object"):
+        PromptDataset.from_rows([rows[0], ["not", "a", "row"]])
+
+
+def test_parquet_skips_null_prompts_and_truths(tmp_path: Path) -> None:
+    rows = [dapo_row(f"Find {k}.", str(k), index=str(k)) for k in range(4)]
+    rows[1]["reward_model"] = {"ground_truth": None, "style": "x"}
+    rows[2]["prompt"] = [{"role": "user", "content": None}]
+    dataset = PromptDataset.from_file(write_rows(tmp_path / "d.parquet", rows + [rows[0]]))
+    assert [r.ground_truth for r in dataset] == ["0", "3"]
+    assert dataset.skipped == {"prompt or ground truth: null": 2} and dataset.num_duplicates == 1
+
+
+def test_select_renumbers_and_counts() -> None:
+    dataset = PromptDataset.from_rows([dapo_row(f"Find {k}.", str(k), index=str(k)) for k in range(5)])
+    odd = dataset.select(lambda r: int(r.ground_truth) % 2 == 1, "even")
+    assert [r.prompt_id for r in odd] == [0, 1] and [r.ground_truth for r in odd] == ["1", "3"]
+    assert odd.skipped == {"even": 3} and odd.num_rows_read == 5 and odd.num_duplicates == 0
 
 
 def test_unknown_suffix_is_rejected(tmp_path: Path) -> None:

@@ -481,3 +481,46 @@ def test_closed_trainer_refuses_to_step() -> None:
     trainer.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         trainer.step(_batch(3))
+
+
+@pytest.mark.parametrize("offloaded", [False, True])
+def test_optimizer_state_through_a_checkpoint_continues_bitwise(offloaded: bool, tmp_path: Path) -> None:
+    """A trainer rebuilt from saved parameters and ``optimizer_state()`` (resident or offloaded when saved,
+    written and read back with ``weights_only=True``) takes the next step bitwise like the original."""
+    from pivotrl.runtime.checkpoint import load_trainer_state, save_trainer_state
+
+    config = TrainerConfig(lr=1e-2, micro_batch_size=2)
+    a = GRPOTrainer(_model(), config)
+    a.step(_batch(0))
+    params = {n: t.detach().clone() for n, t in a.state_dict_hf().items()}
+    if offloaded:
+        a.offload_optimizer()
+    save_trainer_state(tmp_path / "trainer.pt", a)
+    if offloaded:
+        a.reload_optimizer()
+    b = GRPOTrainer(_model(seed=1), config)  # other initial parameters: everything comes from the files
+    b.load_parameters(params)
+    b.load_optimizer_state(load_trainer_state(tmp_path / "trainer.pt")["optimizer"])
+    a.step(_batch(1))
+    b.step(_batch(1))
+    for (name, pa), pb in zip(a.state_dict_hf().items(), b.state_dict_hf().values(), strict=True):
+        assert torch.equal(pa, pb), name
+    b.offload_optimizer()
+    with pytest.raises(RuntimeError, match="offloaded"):
+        b.load_optimizer_state(a.optimizer_state())
+
+
+def test_a_non_finite_loss_skips_the_update() -> None:
+    """A NaN in the behaviour log-probs makes the loss NaN: the step reports it and changes nothing (the
+    parameters and Adam's moments would otherwise be NaN for good); the next finite step updates."""
+    trainer = GRPOTrainer(_model(), TrainerConfig(lr=1e-2, micro_batch_size=2))
+    before = {n: t.detach().clone() for n, t in trainer.state_dict_hf().items()}
+    bad = _batch(0, behaviour=True)
+    bad.behaviour_logprobs[0][0] = float("nan")
+    stats = trainer.step(bad)
+    assert stats.is_skipped and not math.isfinite(stats.loss)
+    assert all(torch.equal(before[n], t) for n, t in trainer.state_dict_hf().items())
+    assert trainer.optimizer.state_dict()["state"] == {}  # Adam never saw the NaN
+    stats = trainer.step(_batch(0, behaviour=True))
+    assert not stats.is_skipped and math.isfinite(stats.loss)
+    assert any(not torch.equal(before[n], t) for n, t in trainer.state_dict_hf().items())

@@ -7,12 +7,14 @@ tokens counted by the controller equal the tokens the engines reported; no devic
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from pivotrl.roles.data import arithmetic_rows, write_rows
-from pivotrl.runtime.jobs import LAUNCHER, Job, run_job
+from pivotrl.roles.data import arithmetic_rows, dapo_row, write_rows
+from pivotrl.runtime.book import TOO_LONG_FOR_POLICY
+from pivotrl.runtime.jobs import LAUNCHER, Job, RunningJob, run_job, start_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.engine, pytest.mark.slow]
 
@@ -45,13 +47,17 @@ def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 def test_static_deployment_keeps_the_books(name: str, tmp_path: Path) -> None:
     extra = []
-    if name == "disaggregated":  # data as users download it: a DAPO-layout parquet, every prompt repeated
+    if name == "disaggregated":  # data as users download it: a DAPO-layout parquet, every prompt repeated, with
+        # rows that cannot be used (no ground truth, an empty prompt, a problem longer than the context)
         rows = arithmetic_rows(6, seed=5, num_repeats=3)
+        rows += [{**rows[0], "reward_model": None}, dapo_row("   ", "1", index="empty"),
+                 dapo_row("What is " + " + ".join(["1"] * 400) + "?", "400", index="long")]
         extra = [f"data.path={write_rows(tmp_path / 'dapo-math.parquet', rows)}"]
     job = run_job(tmp_path / "runs", SMALL + DEPLOYMENTS[name] + extra)
     check_accounting(job, num_steps=2, staleness=1)
     if extra:  # read as-is, deduplicated
-        assert job.summary["dataset"] == {"num_prompts": 6, "num_rows_read": 18, "num_duplicates": 12}
+        assert job.summary["dataset"] == {"num_prompts": 6, "num_rows_read": 21, "num_duplicates": 12, "skipped": {
+            "prompt or ground truth: null": 1, "prompt: empty text": 1, TOO_LONG_FOR_POLICY: 1}}
 
 
 def test_pivotrl_on_two_nodes(tmp_path: Path) -> None:
@@ -63,21 +69,23 @@ def test_pivotrl_on_two_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override, message", [
-    ("deployment.training_devices=9", "deployment.training_devices must be in [1, 4]"),
-    ("data.path=/no/such/file.parquet", "data.path: no such file"),
-    ("rollout.max_tokenz=3", "rollout.max_tokenz: unknown key"),
+    ("deployment.training_devices=9", "bad config: deployment.training_devices must be in [1, 4]"),
+    ("data.path=/no/such/file.parquet", "bad config: data.path: no such file"),
+    ("rollout.max_tokenz=3", "bad config: rollout.max_tokenz: unknown key"),
+    ("run.resume=true", "cannot resume: run.resume: no run folder default-* under"),
 ])
 def test_a_bad_config_stops_the_job_at_start_with_one_message(override: str, message: str, tmp_path: Path) -> None:
     job = run_job(tmp_path, [override], timeout_s=300)
     assert job.returncode != 0 and job.folder is None
-    assert f"pivotrl: bad config: {message}" in job.output
-    assert "Traceback" not in job.output.split("pivotrl: bad config")[0]  # no worker started, nothing crashed
+    assert f"pivotrl: {message}" in job.output, job.output[-3000:]
+    assert "Traceback" not in job.output.split("pivotrl: ")[0]  # no worker started, nothing crashed
 
 
 def _role_moves(job: Job) -> set[tuple[str, str]]:
-    """(role before, role after) of every device that changed role, from the workers' shift-up reports."""
-    reports = sorted((s for row in job.metrics for s in row["shifts"] if s["direction"] == "up"),
-                     key=lambda s: s["time_s"])
+    """(role before, role after) of every device that changed role, from the workers' shift-up reports (in
+    step order: a resumed run's clock starts again)."""
+    reports = [s for row in job.metrics for s in sorted(row["shifts"], key=lambda s: s["time_s"])
+               if s["direction"] == "up"]
     history: dict[int, list[str]] = {}
     for s in reports:
         history.setdefault(s["device"], []).append(s["role"])
@@ -90,29 +98,63 @@ def _sequences(job: Job) -> dict[int, dict]:
     return {r["seq_id"]: r for r in map(json.loads, lines)}
 
 
-def test_shifting_does_not_change_what_is_learned(tmp_path: Path) -> None:
+def _latest_checkpoint(running: RunningJob) -> str | None:
+    folder = running.folder()
+    pointer = None if folder is None else folder / "checkpoints" / "latest"
+    return pointer.read_text().strip() if pointer is not None and pointer.exists() else None
+
+
+def _wait_for_checkpoint(running: RunningJob, name: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _latest_checkpoint(running) != name:
+        if running.proc.poll() is not None or time.monotonic() > deadline:
+            running.kill()
+            raise AssertionError(f"no checkpoint {name} (latest {_latest_checkpoint(running)}); job output:\n"
+                                 f"{running.output()[-6000:]}")
+        time.sleep(0.2)
+
+
+def test_shifting_and_kills_do_not_change_what_is_learned(tmp_path: Path) -> None:
     """Staleness 0 and migration-invariant sampling: a run that shifts devices at random, in every direction,
-    every fraction of a second (chaos strategy, training on the same 4 devices as colocated) and a colocated
-    run with the same seed produce the same tokens, judgements and rewards step for step; behaviour log-probs
-    and the final parameters agree within float tolerance (engine batches differ, so logits differ in the last
-    bits)."""
+    every fraction of a second (chaos strategy, training on the same 4 devices as colocated), loses a worker
+    to SIGKILL after step 1 (torchrun restarts the job, which resumes from its checkpoint) and is then killed
+    whole with SIGKILL after step 2 and started again with ``run.resume=true``, produces the same tokens,
+    judgements and rewards step for step as an uninterrupted colocated run with the same seed; behaviour
+    log-probs and the final parameters agree within float tolerance (engine batches differ, so logits differ
+    in the last bits)."""
     from safetensors.torch import load_file
 
     common = SMALL + ["run.num_steps=3", "deployment.staleness=0", "run.write_sequences=true",
                       "data.prompts_per_step=4"]
     colocated = run_job(tmp_path / "colocated", common + ["deployment.kind=colocated"])
-    shifted = run_job(tmp_path / "shiftable", common + ["deployment.kind=shiftable", "deployment.strategy=chaos",
-                                                        "deployment.training_devices=4", "deployment.tick_s=0.2",
-                                                        "deployment.max_tick_s=0.4"])
+    chaos = common + ["deployment.kind=shiftable", "deployment.strategy=chaos", "deployment.training_devices=4",
+                      "deployment.tick_s=0.2", "deployment.max_tick_s=0.4", "run.checkpoint_every=1",
+                      "run.keep_checkpoints=1"]
+    running = start_job(tmp_path / "shiftable", chaos, max_restarts=1)
+    _wait_for_checkpoint(running, "step-000001")
+    sockets = running.listening_sockets()  # security: every listener of the job, engines and GPS up
+    ours = [s for s in sockets if s[0].startswith("rank ")]
+    assert ours and {address for _, address, _ in ours} == {"127.0.0.1"}, sockets  # control plane, gloo, NIXL
+    assert all(port == running.master_port for who, _, port in sockets if not who.startswith("rank ")), sockets
+    print(f"listening sockets of the job: {sockets}")
+    running.kill_rank(2)  # torchrun notices (monitor interval 0.5 s), stops the other ranks and restarts the job
+    _wait_for_checkpoint(running, "step-000002")
+    running.kill()  # the whole job: torchrun and every rank
+    first = running.output()
+    assert "resuming" in first and "at step 1 (checkpoint step-000001)" in first, first[-6000:]
+    shifted = run_job(tmp_path / "shiftable", chaos + ["run.resume=true"])
+    assert f"resuming {running.folder()} at step 2 (checkpoint step-000002)" in shifted.output, shifted.output[-6000:]
+    assert shifted.folder == running.folder() and shifted.summary["resumed_from_step"] == 2
+    assert sorted(p.name for p in (shifted.folder / "checkpoints").iterdir()) == ["latest", "step-000003"]
     for job in (colocated, shifted):
-        check_accounting(job, num_steps=3, staleness=0)
-    assert shifted.summary["num_plans"] >= 3, shifted.summary["num_plans"]
+        check_accounting(job, num_steps=3, staleness=0)  # every prompt trained exactly once, over 3 processes
+    assert shifted.summary["num_plans"] >= 1, shifted.summary["num_plans"]
     moves = _role_moves(shifted)  # the chaos strategy shifted devices in every direction
     assert ("rollout", "reward") in moves and ("reward", "rollout") in moves, moves
     assert {("rollout", "training"), ("reward", "training")} & moves, moves  # inference -> training
     assert {("training", "rollout"), ("training", "reward")} & moves, moves  # training -> inference
     a, b = _sequences(colocated), _sequences(shifted)
-    assert sorted(a) == sorted(b) and len(a) == 3 * 4 * 2
+    assert sorted(a) == sorted(b) and len(a) == 3 * 4 * 2  # each sequence once: rows after a checkpoint rewritten
     worst = 0.0
     for seq_id, ra in a.items():
         rb = b[seq_id]
