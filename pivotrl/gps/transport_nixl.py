@@ -50,13 +50,14 @@ class NixlTransport(Transport):
             self.agent.deregister_memory(entry[1])
 
     def publish(self) -> None:
-        mine = {key: (self.rank, t.data_ptr()) for key, (t, _) in self._registered.items()}
-        gathered: list = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(gathered, (self.agent.get_agent_metadata(), mine), group=self.group)
+        from pivotrl.collectives import all_gather_json
+
+        mine = [(key, self.rank, t.data_ptr()) for key, (t, _) in self._registered.items()]
+        gathered = all_gather_json((self.agent.get_agent_metadata(), mine), group=self.group)  # JSON, not pickle
         for peer, (metadata, addresses) in enumerate(gathered):
             if peer != self.rank:
                 self._peers[peer] = self.agent.add_remote_agent(metadata)
-            self._addresses.update(addresses)
+            self._addresses.update({key: (rank, ptr) for key, rank, ptr in addresses})
 
     def _base(self, region_buffer: Hashable) -> int:
         if region_buffer in self._registered:

@@ -128,14 +128,15 @@ def exchange_address(address: str | None, group: Any = None) -> str:
     gets it. Run at start-up, on every rank in the same order as other collectives."""
     import torch.distributed as dist
 
-    box: list[str | None] = [address if dist.get_rank(group) == 0 else None]
+    from pivotrl.collectives import broadcast_json
+
     if dist.get_rank(group) == 0 and not address:
         raise ValueError("exchange_address: rank 0 must pass its ControllerBus address")
     src = 0 if group is None else dist.get_global_rank(group, 0)
-    dist.broadcast_object_list(box, src=src, group=group)
-    if not isinstance(box[0], str):
-        raise ValueError(f"exchange_address: rank 0 sent {box[0]!r}, not an address")
-    return box[0]
+    got = broadcast_json(address if dist.get_rank(group) == 0 else None, src=src, group=group)
+    if not isinstance(got, str):
+        raise ValueError(f"exchange_address: rank 0 sent {got!r}, not an address")
+    return got
 
 
 # ---------------------------------------------------------------------- internals

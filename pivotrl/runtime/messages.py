@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
@@ -299,10 +299,11 @@ def _build(cls: type, obj: Any, where: str) -> Any:
     unknown = sorted(set(obj) - set(names))
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}")
-    missing = [n for n in names if n not in obj]
+    optional = {f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+    missing = [n for n in names if n not in obj and n not in optional]
     if missing:
         raise ValueError(f"{where}: missing field(s) {missing}")
-    return cls(**{n: _value(hints[n], obj[n], f"{where}.{n}") for n in names})
+    return cls(**{n: _value(hints[n], obj[n], f"{where}.{n}") for n in names if n in obj})
 
 
 def _value(tp: Any, value: Any, where: str) -> Any:

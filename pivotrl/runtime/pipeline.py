@@ -121,18 +121,17 @@ def resume_folder(cfg: Any) -> Path | None:
 
 def _resume_point(cfg: Any, rank: int) -> ResumePoint:
     """Collective: rank 0 finds the resume point (``resume_folder``), every rank gets it."""
-    import torch.distributed as dist
-
+    from pivotrl.collectives import broadcast_json
     from pivotrl.runtime.checkpoint import latest
 
-    box: list[Any] = [None]
+    found = None
     if rank == 0:
         folder = resume_folder(cfg)
-        box[0] = None if folder is None else str(folder)
-    dist.broadcast_object_list(box, src=0)
-    if box[0] is None:
+        found = None if folder is None else str(folder)
+    found = broadcast_json(found, src=0)
+    if found is None:
         return ResumePoint()
-    folder = Path(box[0])  # a restarted job's folder may have no checkpoint yet: it starts again at step 0
+    folder = Path(found)  # a restarted job's folder may have no checkpoint yet: it starts again at step 0
     return ResumePoint(folder, latest(folder))
 
 
