@@ -156,17 +156,20 @@ class RRColocated(_AsyncTraining):
         super().__init__(list(range(shared, shared + training)))
         self.shared = list(range(shared))
         self.phase = "rollout"
+        self.rolling = False  # the rollout phase has released its step (its replicas are up)
 
     def start(self, cp: ControlPlane) -> None:
         cp.start_replicas("rollout", self.shared, initial=True)
 
     def on_replicas_up(self, cp: ControlPlane, role: InferenceRole, replica_ids: list[int]) -> None:
         if role == "rollout" and cp.all_up("rollout"):
-            cp.release_next()
+            self.rolling = cp.release_next()
 
     def on_drained(self, cp: ControlPlane, role: InferenceRole) -> None:
-        if role == "rollout" and self.phase == "rollout":
-            self.phase = "reward"
+        # a rollout phase ends only after it released its step: a rollout of an earlier step reported late,
+        # while the switch to rollout waits or its replicas start, drains nothing
+        if role == "rollout" and self.phase == "rollout" and self.rolling:
+            self.phase, self.rolling = "reward", False
             cp.stop_role("rollout")
             cp.start_replicas("reward", self.shared)
         elif role == "reward" and self.phase == "reward":

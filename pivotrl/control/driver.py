@@ -57,9 +57,17 @@ class RoleDriver:
 
     # ------------------------------------------------------------------ sequences
     def submit(self, seqs: Iterable[tuple[int, int]]) -> None:
-        """New sequences ``(seq_id, prompt_tokens)`` join the queue, then Dispatch."""
-        for seq_id, prompt_tokens in seqs:
-            self.scheduler.submit(seq_id, prompt_tokens)
+        """New sequences ``(seq_id, prompt_tokens)`` join the queue, then Dispatch. A batch the
+        scheduler refuses (a live id, an id twice) is refused whole: nothing joins."""
+        queued: list[int] = []
+        try:
+            for seq_id, prompt_tokens in seqs:
+                self.scheduler.submit(seq_id, prompt_tokens)
+                queued.append(seq_id)
+        except (ValueError, TypeError):
+            for seq_id in queued:
+                self.scheduler.queue.remove(seq_id)
+            raise
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -85,10 +93,12 @@ class RoleDriver:
     def add_replicas(self, backends: list[ReplicaBackend], *, migrate: bool = True) -> None:
         """Shift up: new replicas drain the queue; with ``migrate`` running sequences move onto them
         while aggregate throughput improves (Alg. 4)."""
+        ids = [rep.replica_id for rep in backends]
+        clash = sorted({rid for rid in ids if rid in self.replicas or ids.count(rid) > 1})
+        if clash:  # checked before any is registered: a refused batch changes nothing
+            raise DriverError(f"{self.role} replica(s) {clash} already registered or given twice")
         self._sync()
         for rep in backends:
-            if rep.replica_id in self.replicas:
-                raise DriverError(f"{self.role} replica {rep.replica_id} is already registered")
             self.replicas[rep.replica_id] = rep
         specs = [ReplicaSpec(replica_id=rep.replica_id, model=self.spec.model,
                              kv_capacity_tokens=self.spec.kv_capacity_tokens) for rep in backends]

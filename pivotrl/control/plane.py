@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pivotrl.control.backend import Clock, ClusterBackend, ReplicaBackend
-from pivotrl.control.driver import RoleDriver
-from pivotrl.control.ledger import StepLedger
+from pivotrl.control.driver import DriverError, RoleDriver
+from pivotrl.control.ledger import LedgerError, StepLedger
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
 
 __all__ = ["ControlPlane", "group_devices"]
@@ -136,6 +136,10 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ events
     def replicas_up(self, role: InferenceRole, backends: list[ReplicaBackend]) -> None:
+        ids = [rep.replica_id for rep in backends]
+        if len(set(ids)) != len(ids) or not set(ids) <= self._starting[role]:
+            raise DriverError(f"{role} replica(s) {sorted(set(ids) - self._starting[role]) or ids} came up, but "
+                              f"they are not starting (or came twice); starting: {sorted(self._starting[role])}")
         migrate = all(self._up_migrate.pop(rep.replica_id, True) for rep in backends)
         self._starting[role] -= {rep.replica_id for rep in backends}
         self.drivers[role].add_replicas(backends, migrate=migrate)
@@ -151,6 +155,13 @@ class ControlPlane:
 
     def sequence_finished(self, role: InferenceRole, seq_id: int) -> None:
         """A generation finished (its driver already knows): rollout -> GenRM hand-off, or judged."""
+        try:
+            where = self.drivers[role].scheduler.where(seq_id)
+        except KeyError:
+            pass  # not live: what a finished sequence should be
+        else:
+            raise DriverError(f"{role} seq {seq_id} reported finished, but its scheduler still has it "
+                              f"{'waiting' if where is None else f'on replica {where}'}")
         ledger = self.ledger
         if role == "rollout":
             ledger.rollout_finished(seq_id)
@@ -167,8 +178,11 @@ class ControlPlane:
         self.deployment.on_training_started(self)
 
     def trained(self, step: int) -> None:
-        done = self.ledger.finish_training()
-        assert done == step + 1, f"trained step {step}, ledger expected {done - 1}"
+        ledger = self.ledger
+        if not ledger.training_running or step != ledger.trained:  # the running step is the first untrained one
+            running = f"step {ledger.trained} is training" if ledger.training_running else "no step is training"
+            raise LedgerError(f"trained step {step}, but {running}")
+        ledger.finish_training()
         self.step_end_s.append(self.now)
         self.deployment.on_trained(self, step)
 

@@ -109,19 +109,21 @@ class RunningJob:
         """Global rank -> pid of the job's worker processes now alive."""
         import psutil
 
-        out: dict[int, int] = {}
         try:
             procs = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
-            return out
+            return {}
+        ranked: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent pid)
         for p in procs:
             try:
-                env = p.environ()
+                env, parent = p.environ(), p.ppid()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             if "RANK" in env and "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env:
-                out[int(env["RANK"])] = p.pid
-        return out
+                ranked[p.pid] = (int(env["RANK"]), parent)
+        # a worker's own children (compile or helper processes) inherit its environment: the worker is the
+        # one whose parent is not a worker (torchrun's agent started it)
+        return {rank: pid for pid, (rank, parent) in ranked.items() if parent not in ranked}
 
     def listening_sockets(self) -> list[tuple[str, str, int]]:
         """(process, address, port) of every listening TCP socket of the job's processes, read from each

@@ -121,3 +121,36 @@ def test_restart_without_migration_discards_tokens() -> None:
     driver.add_replicas([e1], migrate=False)
     driver.remove_replicas([0], migrate=False)
     assert e1.generated == {1: 0, 2: 0} and driver.discarded_tokens == 8
+
+
+def _queue_and_replicas(driver: RoleDriver) -> tuple:
+    running = {rid: driver.scheduler.sequences_on(rid) for rid in driver.scheduler.replica_ids}
+    return list(driver.scheduler.queue), sorted(driver.replicas), running
+
+
+def test_a_refused_batch_submits_nothing() -> None:
+    """A batch with a live id, or with an id twice, is refused whole (it used to queue the ids before it)."""
+    driver, log = _driver(10_000)
+    driver.add_replicas([Engine(0, log)])
+    driver.submit([(1, 100), (2, 100)])
+    before = _queue_and_replicas(driver)
+    with pytest.raises(ValueError, match="seq_id 1 is already live"):
+        driver.submit([(7, 100), (1, 100)])
+    assert _queue_and_replicas(driver) == before
+    with pytest.raises(ValueError, match="seq_id 8 is already live"):
+        driver.submit([(8, 100), (8, 100)])
+    assert _queue_and_replicas(driver) == before and 8 not in driver.scheduler.queue
+
+
+def test_a_refused_replica_batch_registers_nothing() -> None:
+    """A batch of replicas with a registered id is refused whole (it used to register the ones before it)."""
+    driver, log = _driver(10_000)
+    driver.add_replicas([Engine(0, log)])
+    driver.submit([(1, 100)])
+    before = _queue_and_replicas(driver)
+    with pytest.raises(DriverError, match=r"rollout replica.*\b0\b.*already registered"):
+        driver.add_replicas([Engine(5, log), Engine(0, log)])
+    assert _queue_and_replicas(driver) == before and 5 not in driver.replicas
+    with pytest.raises(DriverError, match=r"\b6\b"):
+        driver.add_replicas([Engine(6, log), Engine(6, log)])
+    assert _queue_and_replicas(driver) == before and 6 not in driver.replicas

@@ -181,6 +181,16 @@ def test_yaml_file_errors(tmp_path: Path) -> None:
             load_config(tmp_path / name, [])
 
 
+def test_yaml_loads_safely(tmp_path: Path) -> None:
+    """A config file cannot run code: python tags are refused, nothing is constructed."""
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.yaml").write_text(
+        f"deployment:\n  kind: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "evil.yaml", [])
+    assert not marker.exists()
+
+
 def test_to_yaml_round_trips(tmp_path: Path) -> None:
     cfg = load_config(DEFAULT, ["deployment.strategy_cfg.horizon_s=5.0", "data.group_size=2"])
     (tmp_path / "resolved.yaml").write_text(cfg.to_yaml())
