@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pivotrl.runtime.runfolder import write_atomic
+
 __all__ = ["Checkpoint", "ResumeError", "check_resumable", "checkpoint_dir", "commit", "find_job_folder", "find_resume_folder",
            "latest", "load_trainer_state", "save_trainer_state", "truncate_jsonl", "write_job_id"]
 
@@ -101,8 +103,8 @@ def commit(run_folder: Path, step: int, state: dict[str, Any], *, keep: int = 2)
     missing = [name for name in (POLICY_DIR, TRAINER_FILE) if not (path / name).exists()]
     if missing:
         raise RuntimeError(f"checkpoint {path}: {missing} not written; not committing it")
-    _write_atomic(path / STATE_FILE, json.dumps({**state, "step": step}, allow_nan=False, indent=1) + "\n")
-    _write_atomic(Path(run_folder) / CHECKPOINTS / LATEST, path.name + "\n")
+    write_atomic(path / STATE_FILE, json.dumps({**state, "step": step}, allow_nan=False, indent=1) + "\n")
+    write_atomic(Path(run_folder) / CHECKPOINTS / LATEST, path.name + "\n")
     steps = sorted(int(p.name.split("-")[1]) for p in (Path(run_folder) / CHECKPOINTS).glob("step-*")
                    if p.is_dir() and p.name.split("-")[1].isdigit())
     for old in steps:
@@ -112,7 +114,7 @@ def commit(run_folder: Path, step: int, state: dict[str, Any], *, keep: int = 2)
 
 
 def write_job_id(run_folder: Path, job_id: str) -> None:
-    _write_atomic(Path(run_folder) / JOB_FILE, json.dumps({"torchelastic_run_id": job_id}) + "\n")
+    write_atomic(Path(run_folder) / JOB_FILE, json.dumps({"torchelastic_run_id": job_id}) + "\n")
 
 
 # ---------------------------------------------------------------------- reading
@@ -214,13 +216,6 @@ def truncate_jsonl(path: Path, first_step: int) -> int:
             kept.append(line)
         else:
             dropped += 1
-    _write_atomic(path, "".join(line + "\n" for line in kept))
+    write_atomic(path, "".join(line + "\n" for line in kept))
     return dropped
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

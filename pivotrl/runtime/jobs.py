@@ -80,11 +80,11 @@ def _can_unshare() -> bool:
 class RunningJob:
     """A job started by ``start_job``: ``wait`` for it, or kill one rank (``kill_rank``) or all of it."""
 
-    def __init__(self, proc: subprocess.Popen, out_dir: Path, timeout_s: float) -> None:
+    def __init__(self, proc: subprocess.Popen, out_dir: Path, timeout_s: float, master_port: int) -> None:
         import threading
 
         self.proc, self.out_dir, self.timeout_s = proc, out_dir, timeout_s
-        self.master_port = 0  # torchrun's store (its rendezvous), on MASTER_ADDR = 127.0.0.1
+        self.master_port = master_port  # torchrun's store (its rendezvous), on MASTER_ADDR = 127.0.0.1
         self._chunks: list[str] = []  # the job's output so far (read all along: a full pipe would block the job)
         self._reader = threading.Thread(target=self._read, name="job-output", daemon=True)
         self._reader.start()
@@ -204,9 +204,7 @@ def start_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: in
            "GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    job = RunningJob(proc, out_dir, timeout_s)
-    job.master_port = port
-    return job
+    return RunningJob(proc, out_dir, timeout_s, port)
 
 
 def run_job(out_dir: Path, overrides: list[str], *, nnodes: int = 1, nproc: int = 4, timeout_s: float = 900,

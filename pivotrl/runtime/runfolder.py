@@ -77,7 +77,7 @@ class RunFolder:
         return self.path / POLICY_DIR
 
     def write_config(self, config_yaml: str) -> None:
-        _write_atomic(self.config_path, config_yaml)
+        write_atomic(self.config_path, config_yaml)
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one JSON line to ``metrics.jsonl`` and flush it to the OS."""
@@ -113,7 +113,7 @@ class RunFolder:
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         """Write ``summary.json`` (replacing an earlier one)."""
         text = json.dumps(_finite(summary, "summary"), allow_nan=False, indent=2)
-        _write_atomic(self.summary_path, text + "\n")
+        write_atomic(self.summary_path, text + "\n")
 
 
 def summary_line(tps: float, num_tokens: int, seconds: float, num_shifts: int) -> str:
@@ -199,7 +199,11 @@ def _finite(value: Any, where: str) -> Any:
     raise ValueError(f"{where}: cannot write a {type(value).__name__}; use numbers, strings, lists or dicts")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a reader (or a process killed meanwhile) sees the old or the new
+    file whole, never a part (written to a temporary file, synced, renamed)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
