@@ -7,7 +7,11 @@ Qwen2 of the given shape (default: Qwen2.5-0.5B's), a random GRPO batch, and tim
 - a plain next-token cross-entropy step (forward + backward + AdamW) on the same tokens and micro-batches:
   ``grpo/lm`` is the GRPO step's overhead (old log-probs pass, ratio, clipping);
 - host<->device copy bandwidth: the optimizer offload and reload of the role context (§5.2) are stated
-  against ``bytes / bandwidth``.
+  against ``bytes / bandwidth``;
+- with ``--sharded``: the same step by a trainer sharded with FSDP2 (``fully_shard`` over a one-rank
+  process group, so every FSDP hook, all-gather and reduce-scatter runs) against the unsharded trainer
+  (what a one-rank DDP step computes) on the same tokens from the same initial weights, with the largest
+  parameter difference after the step.
 
 Run on a GPU machine:  python benchmarks/train_cuda.py [--json]
 Smoke run on CPU:      python benchmarks/train_cuda.py --device cpu --layers 2 --hidden 128 --vocab 512 \
@@ -43,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sharded", action="store_true", help="also time the FSDP2-sharded trainer (one-rank group)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     return p.parse_args()
 
@@ -106,6 +111,30 @@ def copy_bandwidth(device: str, num_bytes: int) -> tuple[float, float]:
     return num_bytes / down, num_bytes / up
 
 
+def sharded_vs_unsharded(args: argparse.Namespace, config: TrainerConfig, batch: GRPOBatch) -> dict[str, float]:
+    """FSDP2 step vs unsharded step: seconds of each and the largest parameter difference after one step."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    backend = "nccl" if args.device.startswith("cuda") else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=0, world_size=1)
+    group = dist.new_group([0], backend=backend)
+    plain = GRPOTrainer(build_model(args), config)
+    sharded = GRPOTrainer(build_model(args), config, process_group=group)
+    plain.step(batch), sharded.step(batch)  # one step each from the same weights: compare, then time
+    diff = max(float((a - b).abs().max()) for a, b in zip(plain.state_dict_hf().values(),
+                                                          sharded.state_dict_hf().values(), strict=True))
+    plain_s = min(timed(lambda: plain.step(batch), args.device) for _ in range(args.steps))
+    sharded_s = min(timed(lambda: sharded.step(batch), args.device) for _ in range(args.steps))
+    sharded.close()
+    dist.destroy_process_group(group)
+    return {"sharded_step_s": sharded_s, "unsharded_step_s": plain_s, "sharded_max_param_diff": diff}
+
+
 def main() -> None:
     args = parse_args()
     config = TrainerConfig(lr=1e-6, micro_batch_size=args.micro_batch, dtype=args.dtype, device=args.device)
@@ -117,6 +146,7 @@ def main() -> None:
     grpo_s = min(timed(lambda: trainer.step(batch), args.device) for _ in range(args.steps))
     lm_s = min(timed(lambda: lm_step(trainer, batch), args.device) for _ in range(args.steps))
     state_bytes = trainer.optimizer_bytes()
+    num_params = sum(p.numel() for p in trainer.model.parameters())
     first_offload_s = timed(trainer.offload_optimizer, args.device)  # allocates the (pinned) host buffers
     trainer.reload_optimizer()
     offload_s = timed(trainer.offload_optimizer, args.device)
@@ -128,11 +158,18 @@ def main() -> None:
         ("optimizer offload", offload_s, state_bytes / d2h, "bytes / d2h bandwidth"),
         ("optimizer reload", reload_s, state_bytes / h2d, "bytes / h2d bandwidth"),
     ]
-    print(f"model: {sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M params, {args.dtype}, "
+    print(f"model: {num_params / 1e6:.1f}M params, {args.dtype}, "
           f"{args.batch} seqs, {num_tokens} tokens/step, device {args.device}, peak {peak / 2**30:.2f} GiB")
     print(f"{'figure':<20}{'seconds':>10}{'reference_s':>14}{'ratio':>8}  reference")
+    extra: dict[str, float] = {}
+    if args.sharded:
+        del trainer  # free the device for the two trainers compared next
+        extra = sharded_vs_unsharded(args, config, batch)
+        rows.append(("fsdp2 step", extra["sharded_step_s"], extra["unsharded_step_s"], "unsharded (1-rank DDP) step"))
     for name, seconds, ref, what in rows:
         print(f"{name:<20}{seconds:>10.4f}{ref:>14.4f}{seconds / ref:>8.2f}  {what}")
+    if extra:
+        print(f"fsdp2 vs unsharded: largest parameter difference after one step {extra['sharded_max_param_diff']:.2e}")
     print(f"grpo tokens/s: {num_tokens / grpo_s:,.0f}; optimizer state {state_bytes / 2**20:.1f} MiB; "
           f"first offload (allocating host buffers) {first_offload_s:.4f} s")
     if args.json:
@@ -140,7 +177,7 @@ def main() -> None:
                           "grpo_tps": num_tokens / grpo_s, "optimizer_bytes": state_bytes, "offload_s": offload_s,
                           "first_offload_s": first_offload_s,
                           "reload_s": reload_s, "d2h_bytes_per_s": d2h, "h2d_bytes_per_s": h2d,
-                          "peak_bytes": peak}))
+                          "peak_bytes": peak, **extra}))
 
 
 if __name__ == "__main__":

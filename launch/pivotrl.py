@@ -57,13 +57,13 @@ def main(argv: list[str]) -> int:
             print(f"pivotrl: bad config: {err}", file=sys.stderr)
         return 2
     from pivotrl.runtime.checkpoint import ResumeError, check_resumable, latest
-    from pivotrl.runtime.pipeline import resume_folder, run, setup_process_env
+    from pivotrl.runtime.pipeline import resume_folder, run, setup_process_env, training_device_ids
 
     if rank == 0:  # a resume that cannot work stops the job here, like a bad config
         try:
             folder = resume_folder(cfg)
             if folder is not None and (cfg.run.resume is not False or latest(folder) is not None):
-                check_resumable(folder, cfg.to_yaml(), cfg.run.num_steps)
+                check_resumable(folder, cfg.to_yaml(), cfg.run.num_steps, len(training_device_ids(cfg)))
         except ResumeError as err:
             print(f"pivotrl: cannot resume: {err}", file=sys.stderr)
             return 2

@@ -17,8 +17,12 @@ be empty and are then omitted). PP: stage ``s`` holds the layer range given by t
 embeddings (and anything outside the decoder layers) sit on the first stage, the final norm and
 ``lm_head`` on the last. EP (``ep > 1``): each expert lives whole (not tp-split) on the ep rank whose
 expert range (same split rule over ``num_experts``) contains it; inside a pp stage, the device at
-``(dp_rank, tp_rank)`` has ep rank ``(dp_rank * tp + tp_rank) % ep``. With ``ep == 1`` experts are
-tp-split like dense MLPs.
+``(dp_rank, tp_rank)`` has ep rank ``(dp_rank * tp + tp_rank) % ep``; a fused expert tensor
+``(num_experts, rows, cols)`` is cut along dim 0 into the same expert ranges, range ``r`` held whole by ep
+rank ``r``. With ``ep == 1`` experts are tp-split like dense MLPs: along ``ParamSpec.split_dim`` (a fused
+column tensor along dim 1, a fused row tensor along dim 2). ``dp_shard``: each piece above is further cut
+along dim 0 into ``dp`` chunks (``shard_bounds``: FSDP2's rule), chunk ``d`` held by the dp rank ``d``
+devices of the piece; empty chunks are omitted and 0-dim parameters stay whole on dp rank 0.
 """
 from __future__ import annotations
 
@@ -34,13 +38,14 @@ from pivotrl.gps.spec import (
     Parallelism,
     ParamSpec,
     classify,
+    shard_bounds,
     specs_from_shapes,
     split_bounds,
 )
 
 __all__ = [
     "KINDS", "AtomicSlice", "Box", "Endpoint", "Kind", "Layout", "ModelSpec", "Parallelism", "ParamSpec",
-    "Piece", "Refinement", "classify", "device_layout", "gps_layout", "refine", "specs_from_shapes",
+    "Piece", "Refinement", "classify", "device_layout", "gps_layout", "refine", "shard_bounds", "specs_from_shapes",
     "split_bounds",
 ]
 
@@ -90,6 +95,9 @@ class _DeviceGrid:
     def tp_group(self, stage: int, tp_rank: int) -> tuple[Endpoint, ...]:
         return tuple(sorted(self.at(d, stage, tp_rank) for d in range(self.p.dp)))
 
+    def dp_rank(self, device: Endpoint) -> int:
+        return self.devices.index(device) // (self.p.pp * self.p.tp)
+
     def ep_group(self, stage: int, ep_rank: int) -> tuple[Endpoint, ...]:
         p = self.p
         return tuple(sorted(self.at(d, stage, t) for d in range(p.dp) for t in range(p.tp)
@@ -120,11 +128,10 @@ def _stage_of(spec: ParamSpec, layer_stage: list[int], pp: int) -> int:
 
 
 def _tp_pieces(spec: ParamSpec, grid: _DeviceGrid, stage: int) -> tuple[Piece, ...]:
-    tp = grid.p.tp
-    if spec.kind == "replicated" or tp == 1:
+    tp, dim = grid.p.tp, spec.split_dim
+    if dim is None or tp == 1:
         holders = tuple(sorted(d for t in range(tp) for d in grid.tp_group(stage, t)))
         return (Piece(Box.full(spec.shape), holders),)
-    dim = 0 if spec.kind == "column" else 1
     if spec.shape[dim] < tp:
         raise ValueError(f"tp={tp} leaves empty pieces of {spec.name}: dim {dim} has size {spec.shape[dim]}")
     out = []
@@ -132,6 +139,29 @@ def _tp_pieces(spec: ParamSpec, grid: _DeviceGrid, stage: int) -> tuple[Piece, .
         start, stop = [0] * len(spec.shape), list(spec.shape)
         start[dim], stop[dim] = a, b
         out.append(Piece(Box(tuple(start), tuple(stop)), grid.tp_group(stage, t)))
+    return tuple(out)
+
+
+def _expert_ranges(spec: ParamSpec, grid: _DeviceGrid, stage: int) -> tuple[Piece, ...]:
+    """A fused expert tensor under EP: the experts of ep rank r (dim 0), whole, on that rank's devices."""
+    rest = spec.shape[1:]
+    return tuple(Piece(Box((a, 0, 0), (b, *rest)), grid.ep_group(stage, r))
+                 for r, (a, b) in enumerate(split_bounds(spec.shape[0], grid.p.ep)))
+
+
+def _dp_chunks(pieces: tuple[Piece, ...], grid: _DeviceGrid) -> tuple[Piece, ...]:
+    """Each piece cut along dim 0 into dp chunks; chunk d goes to the piece's holders of dp rank d."""
+    out = []
+    for pc in pieces:
+        if not pc.box.shape:
+            out.append(Piece(pc.box, tuple(h for h in pc.holders if grid.dp_rank(h) == 0)))
+            continue
+        for d, (a, b) in enumerate(shard_bounds(pc.box.shape[0], grid.p.dp)):
+            if b > a:
+                start, stop = list(pc.box.start), list(pc.box.stop)
+                start[0], stop[0] = pc.box.start[0] + a, pc.box.start[0] + b
+                holders = tuple(h for h in pc.holders if grid.dp_rank(h) == d)
+                out.append(Piece(Box(tuple(start), tuple(stop)), holders))
     return tuple(out)
 
 
@@ -154,10 +184,16 @@ def device_layout(model: ModelSpec, devices: Sequence[Endpoint], parallelism: Pa
             key: tuple = (spec.shape, "expert", stage, owner[spec.expert])
             if key not in shared:
                 shared[key] = (Piece(Box.full(spec.shape), grid.ep_group(stage, owner[spec.expert])),)
+        elif spec.is_fused_experts and p.ep > 1:
+            key = (spec.shape, "fused experts", stage)
+            if key not in shared:
+                shared[key] = _expert_ranges(spec, grid, stage)
         else:
-            key = (spec.shape, spec.kind, stage)
+            key = (spec.shape, spec.split_dim, stage)
             if key not in shared:
                 shared[key] = _tp_pieces(spec, grid, stage)
+                if p.dp_shard and p.dp > 1:
+                    shared[key] = _dp_chunks(shared[key], grid)
         pieces[spec.name] = shared[key]
     return Layout(model, pieces, tuple(devices))
 

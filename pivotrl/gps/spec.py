@@ -3,8 +3,12 @@
 ``Parallelism`` is P; ``ModelSpec`` describes M as HF-named parameters, each with the partition kind
 that tensor parallelism applies to it: column-parallel (q/k/v and gate/up weights and biases, embeddings
 and ``lm_head`` by vocab rows: split along dim 0), row-parallel (o/down weights: split along dim 1) or
-replicated (norms, row-parallel biases, routers). Invariant: a ``ModelSpec``'s names are unique and its
-layer/expert indices lie inside ``num_layers``/``num_experts``.
+replicated (norms, row-parallel biases, routers). MoE experts come one tensor per expert (checkpoint
+files: ``mlp.experts.<e>.gate_proj.weight``, ``expert`` parsed from the name) or fused: one 3-D tensor
+``(num_experts, rows, cols)`` per layer (transformers 5 models: ``mlp.experts.gate_up_proj`` (E, 2I, H)
+column, ``mlp.experts.down_proj`` (E, H, I) row; vLLM: ``w13_weight``, ``w2_weight``), whose tp split dim
+is one further (``split_dim``). Invariant: a ``ModelSpec``'s names are unique, its layer/expert indices lie
+inside ``num_layers``/``num_experts``, and a fused expert tensor has ``num_experts`` rows along dim 0.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ KINDS: tuple[str, ...] = ("column", "row", "replicated")
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
+_FUSED_EXPERTS = re.compile(r"\.experts\.(?:routed_experts\.)?(gate_up_proj|down_proj|w13_weight|w2_weight)$")
+_FUSED_COLUMN = ("gate_up_proj", "w13_weight")
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
 _VOCAB = ("embed_tokens.weight", "lm_head.weight")
@@ -28,14 +34,25 @@ def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return [(r * n // parts, (r + 1) * n // parts) for r in range(parts)]
 
 
+def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """FSDP2's dim-0 chunks (``torch.chunk`` padded with empty chunks): chunk size ``ceil(n / parts)``, part
+    ``r`` is ``[min(r * c, n), min((r + 1) * c, n))``; trailing parts may be empty."""
+    c = -(-n // parts)
+    return [(min(r * c, n), min((r + 1) * c, n)) for r in range(parts)]
+
+
 @dataclass(frozen=True, slots=True)
 class Parallelism:
-    """How a model is laid out on a set of devices: data, tensor, pipeline and expert parallel degrees."""
+    """How a model is laid out on a set of devices: data, tensor, pipeline and expert parallel degrees.
+
+    ``dp_shard``: the dp ranks hold dim-0 chunks of each tensor-parallel piece instead of replicas (FSDP2 /
+    ZeRO-3; ``shard_bounds`` gives the chunks), the training layout of a sharded trainer."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    dp_shard: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "ep"):
@@ -44,6 +61,10 @@ class Parallelism:
                 raise ValueError(f"Parallelism.{name} must be a positive int, got {value!r}")
         if (self.dp * self.tp) % self.ep:
             raise ValueError(f"Parallelism.ep={self.ep} must divide dp*tp={self.dp * self.tp}")
+        if not isinstance(self.dp_shard, bool):
+            raise ValueError(f"Parallelism.dp_shard must be a bool, got {self.dp_shard!r}")
+        if self.dp_shard and self.ep > 1:
+            raise ValueError("Parallelism.dp_shard with ep > 1 is not a supported layout (shard experts by ep)")
 
     @property
     def num_devices(self) -> int:
@@ -116,6 +137,18 @@ class ParamSpec:
             object.__setattr__(self, "expert", int(m.group(1)))
 
     @property
+    def is_fused_experts(self) -> bool:
+        """A 3-D tensor of all experts of one layer, experts along dim 0."""
+        return len(self.shape) == 3 and _FUSED_EXPERTS.search(self.name) is not None
+
+    @property
+    def split_dim(self) -> int | None:
+        """The dim tensor parallelism splits: 0 for column, 1 for row, one further for fused experts."""
+        if self.kind == "replicated":
+            return None
+        return (0 if self.kind == "column" else 1) + self.is_fused_experts
+
+    @property
     def numel(self) -> int:
         return Box.full(self.shape).numel
 
@@ -144,6 +177,8 @@ class ModelSpec:
                 raise ValueError(f"{p.name}: layer {p.layer} outside num_layers={self.num_layers}")
             if p.expert is not None and not 0 <= p.expert < self.num_experts:
                 raise ValueError(f"{p.name}: expert {p.expert} outside num_experts={self.num_experts}")
+            if p.is_fused_experts and p.shape[0] != self.num_experts:
+                raise ValueError(f"{p.name}: fused experts {p.shape} need num_experts={self.num_experts} rows in dim 0")
 
     def __len__(self) -> int:
         return len(self.params)
@@ -163,6 +198,8 @@ def classify(name: str, shape: Sequence[int]) -> Kind:
     """Partition kind of an HF-named parameter (see module docstring)."""
     parts = name.split(".")
     module = parts[-2] if len(parts) >= 2 else ""
+    if len(shape) == 3 and (m := _FUSED_EXPERTS.search(name)):
+        return "column" if m.group(1) in _FUSED_COLUMN else "row"
     if name.endswith(_VOCAB) and len(shape) >= 1:
         return "column"
     if module in _COLUMN and len(shape) >= 1:
@@ -185,11 +222,13 @@ def specs_from_shapes(
     itemsize: int | Mapping[str, int] = 2,
     num_experts: int | None = None,
 ) -> ModelSpec:
-    """ModelSpec from HF names and shapes; ``num_experts`` defaults to the largest expert index + 1."""
+    """ModelSpec from HF names and shapes; ``num_experts`` defaults to the largest expert index + 1 (the rows of
+    the fused expert tensors)."""
     params = []
     for name, shape in shapes.items():
         size = itemsize if isinstance(itemsize, int) else itemsize[name]
         params.append(ParamSpec(name, tuple(shape), classify(name, shape), size))
     if num_experts is None:
-        num_experts = 1 + max((p.expert for p in params if p.expert is not None), default=-1)
+        num_experts = max([1 + p.expert for p in params if p.expert is not None]
+                          + [p.shape[0] for p in params if p.is_fused_experts], default=0)
     return ModelSpec(tuple(params), num_layers, num_experts)

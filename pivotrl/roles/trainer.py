@@ -25,7 +25,8 @@ so the normaliser does not depend on staleness. Masking rather than clamping: a 
 behaviour policy gave the token far less mass than the proximal one, and a clamped weight would keep a
 biased gradient from exactly those tokens. All log-probs are ``log_softmax(logits / temperature)``
 with the rollouts' sampling temperature. Micro-batches accumulate gradients; with a process group the
-model is wrapped in DDP over that group (gloo on CPU, NCCL on GPUs).
+model is sharded with FSDP2 over that group (``pivotrl.roles.sharding``: gloo on CPU, NCCL on GPUs):
+each rank keeps a dim-0 chunk of every parameter, of its gradient and of its Adam moments.
 
 One ``step`` is one optimizer update, so in its gradient pass the trained and proximal parameters are
 the same: r == 1 and the clip is inactive; the gradient is ``-A w grad(logp)``. The clip acts when the
@@ -33,29 +34,32 @@ surrogate is evaluated at later parameters (``loss(batch, proximal_logprobs=...)
 proximal pass and the gradient pass run the same module on the same micro-batches, so their log-probs
 are bitwise equal (``StepStats.ratio_max_abs_dev == 0.0``; a model with active dropout breaks this).
 
-Role context (§5.2): parameters (``release_parameters`` / ``load_parameters``, from GPS), offloadable
-optimizer state (``offload_optimizer`` / ``reload_optimizer``, bitwise), temporary gradients
-(``release_temporary``). Invariant: ``step`` runs only when parameters are loaded and the optimizer
-state is resident; every rank of the group runs the same number of micro-batches per step.
+Role context (§5.2): parameters (``release_parameters`` / ``load_parameters``: this rank's chunks, read
+from GPS in the dp-sharded layout of ``parallelism``), offloadable optimizer state (``offload_optimizer`` /
+``reload_optimizer``, this rank's chunks, bitwise), temporary gradients (``release_temporary``).
+Invariant: ``step`` runs only when parameters are loaded and the optimizer state is resident; every rank
+of the group runs the same number of micro-batches per step and calls the collective methods
+(``step``, ``state_dict_hf``, ``evaluation_model``, ``compute_logprobs``, ``loss``) alike.
 
-Teardown: call ``close()`` before destroying the process group. torch's DDP ``Reducer`` drops its
-process-group reference while holding the GIL; when it holds the last one, the gloo group's destructor
-joins its worker threads, and a worker freeing a finished collective's Python-owned tensors waits for
-the GIL: the process never exits. ``close()`` frees the reducer while the caller's group still lives.
+Teardown: call ``close()`` before destroying the process group (it drops the sharded module's hooks'
+references to the group's mesh).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import math
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
+
+from pivotrl.roles import sharding
+
+if TYPE_CHECKING:
+    from pivotrl.gps.spec import Parallelism
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -147,6 +151,13 @@ class TokenLoss:
     ratio_max_abs_dev: torch.Tensor  # max |r - 1| over the masked tokens (0 when none)
 
 
+def training_parallelism(num_ranks: int) -> Parallelism:
+    """The layout a trainer over ``num_ranks`` ranks keeps: FSDP2 dim-0 chunks (one rank: the whole model)."""
+    from pivotrl.gps.spec import Parallelism
+
+    return Parallelism(dp=num_ranks, dp_shard=num_ranks > 1)
+
+
 def group_advantages(rewards: Sequence[float | None], group_ids: Sequence[int], *, eps: float) -> list[float | None]:
     """GRPO advantages: (reward - group mean) / (group std + eps); None stays None (dropped)."""
     groups: dict[int, list[float]] = {}
@@ -232,21 +243,20 @@ def decode_rows(blocks: Sequence[torch.Tensor], counts: Sequence[int]) -> tuple[
 
 
 class GRPOTrainer:
-    """GRPO over one model; DDP over ``process_group`` when one is given (the caller owns the group)."""
+    """GRPO over one model; FSDP2-sharded over ``process_group`` when one is given (the caller owns the
+    group; every rank must start from the same parameters)."""
 
     def __init__(self, model: torch.nn.Module, config: TrainerConfig, *, process_group: Any = None) -> None:
         self.config = config
         self.model = model.to(device=config.device, dtype=_DTYPES[config.dtype])
         self.model.train()
         self.process_group = process_group
-        self._forward_module = self.model
         if process_group is not None:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self._forward_module = DistributedDataParallel(
-                self.model, process_group=process_group, broadcast_buffers=False,
-                device_ids=None if config.device == "cpu" else [torch.device(config.device)],
-            )
+            sharding.shard_model(self.model, process_group, config.device)
+        self.is_sharded = sharding.is_sharded(self.model)
+        self._forward_module = self.model
+        self._freed: dict[int, int] = {}  # id(param) -> storage bytes of a released sharded chunk
+        self._evaluation_model: torch.nn.Module | None = None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
         )
@@ -271,6 +281,7 @@ class GRPOTrainer:
         for rows, logp in zip(micro, self._proximal_logprobs(batch, micro), strict=True):
             response = self._collate(batch, rows)[2]
             out += [logp[i][response[i]].tolist() for i in range(len(rows))]
+        sharding.reshard(self.model)
         return out
 
     def loss(self, batch: GRPOBatch, *, proximal_logprobs: Sequence[Sequence[float]] | None = None) -> float:
@@ -284,7 +295,9 @@ class GRPOTrainer:
             proximal = [_padded(proximal_logprobs, rows, self._collate(batch, rows)[2], "proximal_logprobs")
                         for rows in micro]
         with torch.no_grad():
-            return self._accumulate(batch, micro, proximal, backward=False)["loss"]
+            value = self._accumulate(batch, micro, proximal, backward=False)["loss"]
+        sharding.reshard(self.model)
+        return value
 
     def step(self, batch: GRPOBatch) -> StepStats:
         """One GRPO update on ``batch`` (this rank's share); returns the step's statistics."""
@@ -294,7 +307,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         totals = self._accumulate(batch, micro, proximal, backward=True)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = sharding.clip_grad_norm(self.model.parameters(), max_norm, self.process_group)
         skipped = not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm))
         if skipped:  # a NaN / inf would poison the parameters and the Adam moments for good
             self.optimizer.zero_grad(set_to_none=True)
@@ -315,7 +328,6 @@ class GRPOTrainer:
     ) -> dict[str, Any]:
         """Run every micro-batch; returns the StepStats fields of the loss, reduced over all ranks."""
         c = self.config
-        self._check_micro_batch_counts(len(micro))
         advantages = self._advantages(batch)
         num_tokens = int(self._all_reduce(torch.tensor([_num_tokens(batch, advantages)], dtype=torch.float64))[0])
         scale = self._world_size() / max(num_tokens, 1)
@@ -355,19 +367,51 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ role context (§5.2)
     def state_dict_hf(self) -> dict[str, torch.Tensor]:
-        """HF-named full parameter tensors (detached views of the live ones: copy before the next step)."""
+        """HF-named full parameter tensors (collective when sharded; unsharded: detached views of the live
+        ones, copy before the next step)."""
         self._require_parameters()
-        return {name: p.detach() for name, p in self.model.named_parameters()}
+        return sharding.full_tensors(self.model)
+
+    def local_state_hf(self) -> dict[str, torch.Tensor]:
+        """HF-named tensors this rank holds: its dim-0 chunks when sharded (``parallelism``'s layout), else
+        the full tensors; detached views of the live ones (copy before the next step)."""
+        self._require_parameters()
+        return sharding.local_tensors(self.model)
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The layout of this trainer's parameters over the ranks of its group (GPS reads and writes it)."""
+        return training_parallelism(self._world_size())
+
+    def evaluation_model(self) -> torch.nn.Module:
+        """A module with this trainer's full current parameters for generation on one rank (validation):
+        the model itself when unsharded; when sharded, an unsharded copy refreshed from the gathered
+        parameters (collective), so ranks may then run different numbers of forward passes."""
+        self._require_parameters()
+        if not self.is_sharded:
+            return self.model
+        full = sharding.full_tensors(self.model)
+        if self._evaluation_model is None:
+            from transformers import AutoModelForCausalLM
+
+            self._evaluation_model = AutoModelForCausalLM.from_config(self.model.config).to(
+                device=self.config.device, dtype=_DTYPES[self.config.dtype])
+        with torch.no_grad():
+            for name, p in self._evaluation_model.named_parameters():
+                p.copy_(full[name])
+        return self._evaluation_model
 
     def parameter_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of this rank's parameters (its chunks when sharded)."""
+        return sum(sharding.local(p).numel() * p.element_size() for p in self.model.parameters())
 
     def optimizer_bytes(self) -> int:
         states = self._host_state.values() if self.is_optimizer_offloaded else self.optimizer.state.values()
-        return sum(t.numel() * t.element_size() for s in states for t in s.values() if torch.is_tensor(t))
+        return sum(sharding.local(t).numel() * t.element_size() for s in states for t in s.values() if torch.is_tensor(t))
 
     def gradient_bytes(self) -> int:
-        return sum(p.grad.numel() * p.grad.element_size() for p in self.model.parameters() if p.grad is not None)
+        return sum(sharding.local(p.grad).numel() * p.grad.element_size() for p in self.model.parameters()
+                   if p.grad is not None)
 
     def release_temporary(self) -> int:
         """Drop gradients; returns the bytes released."""
@@ -377,28 +421,49 @@ class GRPOTrainer:
 
     def release_parameters(self) -> int:
         """Discard the parameters (GPS holds them); returns the bytes released."""
-        released = self.parameter_bytes() if self.are_parameters_loaded else 0
-        for p in self.model.parameters():
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if not self.are_parameters_loaded:
+            return 0
+        released = self.parameter_bytes()
+        if self.is_sharded:  # FSDP keeps views of each chunk's storage: free the storage, keep the tensors
+            sharding.reshard(self.model)
+            self._freed = sharding.free_storage(self.model.parameters())
+        else:
+            for p in self.model.parameters():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         self.are_parameters_loaded = False
         return released
 
     def load_parameters(self, hf_params: Mapping[str, torch.Tensor]) -> int:
-        """Copy HF-named tensors (e.g. a GPS Read) into the parameters; returns the bytes loaded."""
+        """Copy HF-named tensors (e.g. a GPS Read in ``parallelism``'s layout: this rank's chunks; full
+        tensors are accepted too) into the parameters; returns the bytes loaded."""
         named = dict(self.model.named_parameters())
-        missing = sorted(set(named) - set(hf_params))
+        missing = sorted(n for n in named if n not in hf_params  # a sharded rank's empty chunk may be absent
+                         and not (self.is_sharded and sharding.local(named[n]).numel() == 0))
         if missing:
             raise KeyError(f"load_parameters: missing {missing[:4]} ({len(missing)} in all)")
         device, dtype = torch.device(self.config.device), _DTYPES[self.config.dtype]
-        for name, p in named.items():
-            src = hf_params[name]
-            p.data = torch.empty(src.shape, dtype=dtype, device=device).copy_(src)
+        if self.is_sharded:
+            sharding.reshard(self.model)
+            for name, p in named.items():
+                value = hf_params.get(name, sharding.local(p)[:0])  # an empty chunk may be absent
+                chunk = sharding.chunk_of(p, value)
+                if id(p) in self._freed:
+                    sharding.restore_storage(p, self._freed[id(p)], chunk)
+                else:
+                    with torch.no_grad():
+                        sharding.local(p).copy_(chunk)
+            self._freed = {}
+        else:
+            for name, p in named.items():
+                src = hf_params[name]
+                p.data = torch.empty(src.shape, dtype=dtype, device=device).copy_(src)
         self.are_parameters_loaded = True
         return self.parameter_bytes()
 
     def optimizer_state(self) -> dict[str, Any]:
-        """The optimizer's ``state_dict`` (tensors copied), resident or offloaded alike; for checkpoints."""
-        state = self.optimizer.state_dict()
+        """The optimizer's ``state_dict`` with this rank's chunks as plain tensors (copied), resident or
+        offloaded alike; for checkpoints (one file per rank when sharded)."""
+        state = sharding.optimizer_state_local(self.optimizer.state_dict())
         if self.is_optimizer_offloaded:  # the tensors sit in the host buffers
             position = {id(p): i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])}
             for index, (param, _) in enumerate(self._param_states()):
@@ -410,9 +475,11 @@ class GRPOTrainer:
         if self.is_optimizer_offloaded:
             raise RuntimeError("load_optimizer_state: the optimizer state is offloaded; reload_optimizer first")
         self.optimizer.load_state_dict(state)
+        sharding.wrap_optimizer_state(self.optimizer)
 
     def offload_optimizer(self) -> int:
-        """Copy the optimizer state into reused host buffers and free it on the device; returns bytes."""
+        """Copy this rank's optimizer state (its chunks) into reused host buffers and free it on the
+        device; returns bytes."""
         if self.is_optimizer_offloaded:
             return 0
         moved = 0
@@ -420,6 +487,7 @@ class GRPOTrainer:
             host = self._host_state.setdefault(index, {})
             for key, value in state.items():
                 if torch.is_tensor(value):
+                    value = sharding.local(value)
                     buffer = host.get(key)
                     if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
                         buffer = host[key] = torch.empty_like(value, device="cpu", pin_memory=value.is_cuda)
@@ -437,25 +505,17 @@ class GRPOTrainer:
         for index, (param, state) in enumerate(self._param_states()):
             for key, buffer in self._host_state.get(index, {}).items():
                 device = param.device if key != "step" or buffer.is_cuda else buffer.device
-                state[key] = torch.empty_like(buffer, device=device).copy_(buffer)
+                value = torch.empty_like(buffer, device=device).copy_(buffer)
+                state[key] = value if key == "step" else sharding.like_param(value, param)
                 moved += buffer.numel() * buffer.element_size()
         self.is_optimizer_offloaded = False
         return moved
 
     def close(self) -> None:
-        """Free the DDP wrapper and its reducer; call before destroying ``process_group`` (module doc).
-
-        Idempotent; a closed trainer refuses ``step``. Raises if something else still holds the wrapper.
-        """
+        """Mark the trainer closed (it refuses ``step``); call before destroying ``process_group``.
+        Idempotent."""
         self.is_closed = True
-        if self._forward_module is self.model:
-            return
-        wrapper = weakref.ref(self._forward_module)
-        self._forward_module = self.model
-        gc.collect()  # nn.Module hooks form reference cycles
-        if wrapper() is not None:
-            raise RuntimeError("GRPOTrainer.close: the DDP wrapper is still referenced elsewhere; destroying its "
-                               "process group now could hang the process at exit")
+        self._evaluation_model = None
 
     # ------------------------------------------------------------------ internals
     def _param_states(self) -> list[tuple[torch.nn.Parameter, dict[str, Any]]]:
@@ -463,16 +523,21 @@ class GRPOTrainer:
         return [(p, self.optimizer.state[p]) for p in params if p in self.optimizer.state]
 
     def _micro_batches(self, n: int) -> list[list[int]]:
+        """Row indices of each micro-batch; raises on every rank unless all ranks run as many (checked before
+        any forward pass: a sharded forward is a collective)."""
         size = self.config.micro_batch_size
-        return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+        micro = [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+        self._check_micro_batch_counts(len(micro))
+        return micro
 
     def _collate(self, batch: GRPOBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return collate([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows],
                        pad_token_id=self.config.pad_token_id, device=self.config.device)
 
     def _sync_context(self, *, is_last: bool, backward: bool) -> Any:
-        if backward and not is_last and self._forward_module is not self.model:
-            return self._forward_module.no_sync()
+        """Gradients are reduce-scattered after the last micro-batch only (earlier ones accumulate)."""
+        if backward and self.is_sharded:
+            self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
         return contextlib.nullcontext()
 
     def _world_size(self) -> int:

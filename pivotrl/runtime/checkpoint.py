@@ -33,12 +33,13 @@ from typing import Any
 from pivotrl.runtime.runfolder import write_atomic
 
 __all__ = ["Checkpoint", "ResumeError", "check_resumable", "checkpoint_dir", "commit", "find_job_folder", "find_resume_folder",
-           "latest", "load_trainer_state", "save_trainer_state", "truncate_jsonl", "write_job_id"]
+           "latest", "load_trainer_state", "num_trainer_files", "save_trainer_state", "trainer_file_name", "truncate_jsonl",
+           "write_job_id"]
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "state.json"
-TRAINER_FILE = "trainer.pt"
+TRAINER_FILES = "trainer-*-of-*.pt"  # one per training rank: its optimizer chunks and RNG state
 POLICY_DIR = "policy"
 JOB_FILE = "job.json"
 
@@ -63,9 +64,30 @@ class Checkpoint:
     def policy_dir(self) -> Path:
         return self.path / POLICY_DIR
 
-    @property
-    def trainer_file(self) -> Path:
-        return self.path / TRAINER_FILE
+    def trainer_file(self, rank: int, num_ranks: int) -> Path:
+        """Training rank ``rank``'s file; ``ResumeError`` when the checkpoint holds another number of ranks."""
+        saved = num_trainer_files(self.path)
+        if saved != num_ranks:
+            raise ResumeError(f"deployment.training_devices: checkpoint {self.path} holds the optimizer state of "
+                              f"{saved} training ranks (sharded), this run trains on {num_ranks}; resume on {saved}")
+        return self.path / trainer_file_name(rank, num_ranks)
+
+
+def trainer_file_name(rank: int, num_ranks: int) -> str:
+    if not 0 <= rank < num_ranks:
+        raise ValueError(f"trainer file: rank {rank} outside [0, {num_ranks})")
+    return f"trainer-{rank}-of-{num_ranks}.pt"
+
+
+def num_trainer_files(path: Path) -> int | None:
+    """N when ``path`` holds exactly the files ``trainer-0-of-N.pt`` .. ``trainer-(N-1)-of-N.pt``, else None."""
+    found = {}
+    for f in Path(path).glob(TRAINER_FILES):
+        parts = f.name[len("trainer-"):-len(".pt")].split("-of-")
+        if len(parts) == 2 and all(x.isdigit() for x in parts):
+            found.setdefault(int(parts[1]), set()).add(int(parts[0]))
+    complete = [n for n, ranks in found.items() if ranks == set(range(n))]
+    return complete[0] if len(complete) == 1 and len(found) == 1 else None
 
 
 def checkpoint_dir(run_folder: Path, step: int) -> Path:
@@ -100,7 +122,9 @@ def commit(run_folder: Path, step: int, state: dict[str, Any], *, keep: int = 2)
     """Complete the checkpoint of ``step`` (its policy and trainer files are written): ``state.json``,
     then ``latest``; then remove all but the ``keep`` newest checkpoints."""
     path = checkpoint_dir(run_folder, step)
-    missing = [name for name in (POLICY_DIR, TRAINER_FILE) if not (path / name).exists()]
+    missing = [name for name in (POLICY_DIR,) if not (path / name).exists()]
+    if num_trainer_files(path) is None:
+        missing.append(TRAINER_FILES)
     if missing:
         raise RuntimeError(f"checkpoint {path}: {missing} not written; not committing it")
     write_atomic(path / STATE_FILE, json.dumps({**state, "step": step}, allow_nan=False, indent=1) + "\n")
@@ -129,8 +153,9 @@ def latest(run_folder: Path) -> Checkpoint | None:
         state = json.loads((path / STATE_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError) as err:
         raise ResumeError(f"{pointer} names {name!r}, whose {STATE_FILE} cannot be read: {err}") from None
-    if not (path / POLICY_DIR / "config.json").exists() or not (path / TRAINER_FILE).exists():
-        raise ResumeError(f"checkpoint {path} is incomplete: it needs {POLICY_DIR}/config.json and {TRAINER_FILE}")
+    if not (path / POLICY_DIR / "config.json").exists() or num_trainer_files(path) is None:
+        raise ResumeError(f"checkpoint {path} is incomplete: it needs {POLICY_DIR}/config.json and one "
+                          f"{TRAINER_FILES} per training rank")
     if not isinstance(state.get("step"), int) or state["step"] < 1:
         raise ResumeError(f"checkpoint {path}: {STATE_FILE} has no valid 'step'")
     return Checkpoint(Path(run_folder), state["step"], state)
@@ -161,9 +186,10 @@ def find_resume_folder(out_dir: str | Path, name: str, resume: bool | str) -> Pa
 SAME_ON_RESUME = ("run.seed", "run.name", "models.policy", "models.genrm", "data")
 
 
-def check_resumable(folder: Path, config_yaml: str, num_steps: int) -> Checkpoint:
+def check_resumable(folder: Path, config_yaml: str, num_steps: int, num_training_ranks: int | None = None) -> Checkpoint:
     """The checkpoint a run with ``config_yaml`` resumes from ``folder``; ``ResumeError`` naming the key if
-    the configs differ where they must not, or if nothing is left to train."""
+    the configs differ where they must not, if nothing is left to train, or if the checkpoint's optimizer
+    state is sharded over another number of training ranks than ``num_training_ranks``."""
     import yaml
 
     point = latest(folder)
@@ -175,6 +201,8 @@ def check_resumable(folder: Path, config_yaml: str, num_steps: int) -> Checkpoin
         if a != b:
             raise ResumeError(f"{key}: the run in {str(folder)!r} used {a!r}, this config has {b!r}; a resumed run "
                               f"keeps {', '.join(SAME_ON_RESUME)}")
+    if num_training_ranks is not None:
+        point.trainer_file(0, num_training_ranks)
     if point.step >= num_steps:
         raise ResumeError(f"run.num_steps: the run in {str(folder)!r} already trained {point.step} steps; set "
                           f"run.num_steps above {point.step} to continue it")

@@ -233,7 +233,7 @@ class RuntimeCluster:
             self.trained_sequences[step] = self.trained_sequences.get(step, 0) + len(shard["response_ids"])
             self.bus.send(device, m.Train(step=step, **shard, validate_before=step == 0 and self.spec.eval_every > 0,
                                           validate_after=self.spec.validates_after(step, num_steps),
-                                          checkpoint_dir=checkpoint if device == device_ids[0] else None))
+                                          checkpoint_dir=checkpoint))  # every rank saves its optimizer chunks
         self.clock.call_at(self.clock.now(), self.plane.training_started)
 
     def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:

@@ -2,7 +2,7 @@
 
 ``run(cfg)`` is what ``launch/pivotrl.py`` calls on every rank once torch.distributed is up:
 
-1. process groups (GPS over all ranks, DDP over the fixed training set, vLLM's own groups), the
+1. process groups (GPS over all ranks, FSDP2 over the fixed training set, vLLM's own groups), the
    embedded checkpoints (built once by rank 0), GPS with the policy (writable) and the GenRM;
 2. rank 0 starts the controller thread (``controller.RuntimeCluster`` driving the shared control
    plane) and creates the run folder; every rank then runs its ``worker.Worker`` loop;
@@ -81,7 +81,7 @@ def run(cfg: Any) -> RunResult:
         thread.start()
     spec = _worker_spec(cfg, rank, policy_path, genrm_path, training)
     if resumed.checkpoint is not None and rank in training:
-        spec.trainer_state = str(resumed.checkpoint.trainer_file)
+        spec.trainer_state = str(resumed.checkpoint.trainer_file(training.index(rank), len(training)))
     with WorkerBus(address, rank) as wbus:
         Worker(spec, wbus, gps, training_group if rank in training else None).run()
     if thread is not None:
@@ -136,21 +136,34 @@ def _resume_point(cfg: Any, rank: int) -> ResumePoint:
 
 
 def _checkpoints(cfg: Any, rank: int) -> tuple[Path, Path]:
-    """Model folders; "tiny" builds the embedded checkpoints (rank 0 first, the others reuse them)."""
+    """Model folders; "tiny" / "tiny-moe" build the embedded checkpoints (rank 0 first, the others reuse them)."""
     import torch.distributed as dist
 
-    from pivotrl.roles.tiny import ensure_tiny_checkpoints
+    from pivotrl.runtime.config import TINY, TINY_MOE
 
-    tiny = None
-    if "tiny" in (cfg.models.policy, cfg.models.genrm):
+    names = (cfg.models.policy, cfg.models.genrm)
+    paths: tuple[Path, Path] | None = None
+    if TINY in names or TINY_MOE in names:
         if rank == 0:
-            tiny = ensure_tiny_checkpoints()
+            paths = _embedded(names)
         dist.barrier()
         if rank != 0:
-            tiny = ensure_tiny_checkpoints()
-    policy = tiny.policy_path if cfg.models.policy == "tiny" else Path(cfg.models.policy)  # type: ignore[union-attr]
-    genrm = tiny.genrm_path if cfg.models.genrm == "tiny" else Path(cfg.models.genrm)  # type: ignore[union-attr]
-    return Path(policy), Path(genrm)
+            paths = _embedded(names)
+    return paths or (Path(names[0]), Path(names[1]))
+
+
+def _embedded(names: tuple[str, str]) -> tuple[Path, Path]:
+    """(policy, genrm) folders, building the embedded checkpoints that ``names`` ask for."""
+    from pivotrl.roles.tiny import ensure_tiny_checkpoints
+    from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
+    from pivotrl.runtime.config import TINY, TINY_MOE
+
+    policy, genrm = names
+    tiny = ensure_tiny_checkpoints() if TINY in names else None
+    policy_path = tiny.policy_path if tiny and policy == TINY else Path(policy)
+    if genrm == TINY_MOE:
+        return policy_path, ensure_tiny_moe_genrm()
+    return policy_path, tiny.genrm_path if tiny and genrm == TINY else Path(genrm)
 
 
 def _gps(cfg: Any, group: Any, rank: int, policy: Path, genrm: Path, resumed: ResumePoint) -> Any:

@@ -6,7 +6,7 @@ one engine iteration of the up replica, send ``Progress`` when due (every ``repo
 once when a sequence finished), report finished background GPS writes. Roles:
 - rollout / reward: one ``EngineReplica`` per role, created on the first ``StartReplica`` of that role
   with dummy weights and reused after; shift up Reads its weights from GPS ("policy" / "genrm");
-- training: ``GRPOTrainer`` (DDP over the training group) built on the first ``Train``, shifted up
+- training: ``GRPOTrainer`` (FSDP2 over the training group) built on the first ``Train``, shifted up
   from GPS at the committed version, shifted down by ``StopTraining`` (optimizer offloaded).
 ``GpsWrite`` is collective over every rank: each one calls GPS Write in the same order (training ranks
 with the snapshot of their last step, others with nothing); the GPS thread runs it while the loop
@@ -34,7 +34,7 @@ from pivotrl.gps.layout import Parallelism
 from pivotrl.roles.data import PromptRecord
 from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling, StepResult
 from pivotrl.roles.reward import RewardConfig
-from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
+from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig, training_parallelism
 from pivotrl.runtime.bus import WorkerBus
 from pivotrl.runtime.messages import (
     Aborted,
@@ -349,7 +349,7 @@ class Worker:
         if self._live is not None:
             raise RuntimeError(f"Train: device {self.device} serves {self.roles_held()}; shift it down first")
         if self._training is None:
-            self._training = self._build_training()  # collective over the training group (DDP set-up)
+            self._training = self._build_training()  # collective over the training group (FSDP2 set-up)
         report = None
         if not self.manager.is_up(self._training):
             report = self.manager.shift_up(self._training).as_row()
@@ -361,14 +361,23 @@ class Worker:
         if msg.validate_after:
             extra["eval_after"] = self._validate(msg.step + 1)
         seconds = time.perf_counter() - start
-        self._snapshot = {n: t.detach().clone() for n, t in self._training.trainer.state_dict_hf().items()}
+        trainer = self._training.trainer
+        self._snapshot = {n: t.detach().clone() for n, t in trainer.local_state_hf().items()}  # this rank's chunks
         if msg.checkpoint_dir is not None:  # the policy this step publishes, and what the next step continues from
-            from pivotrl.runtime.checkpoint import POLICY_DIR, TRAINER_FILE, save_trainer_state
-
-            save_checkpoint(Path(self.spec.policy_path), Path(msg.checkpoint_dir) / POLICY_DIR, self._snapshot)
-            save_trainer_state(Path(msg.checkpoint_dir) / TRAINER_FILE, self._training.trainer)
+            self._save_training_checkpoint(Path(msg.checkpoint_dir))
         self._send(Trained, step=msg.step, stats=_finite({**asdict(stats), "seconds": seconds}) | extra,
                    report=report, checkpoint_dir=msg.checkpoint_dir)
+
+    def _save_training_checkpoint(self, folder: Path) -> None:
+        """Every training rank: gather the full policy (collective; the first rank writes it) and write its
+        own optimizer chunks and RNG state."""
+        from pivotrl.runtime.checkpoint import POLICY_DIR, save_trainer_state, trainer_file_name
+
+        ids, trainer = self.spec.training_device_ids, self._training.trainer
+        full = trainer.state_dict_hf()
+        if self.device == ids[0]:
+            save_checkpoint(Path(self.spec.policy_path), folder / POLICY_DIR, full)
+        save_trainer_state(folder / trainer_file_name(ids.index(self.device), len(ids)), trainer)
 
     def _validate(self, version: int) -> dict[str, Any]:
         """Counts of this device's share of the held-out set under the trainer's current parameters."""
@@ -381,7 +390,7 @@ class Worker:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.spec.policy_path)
         start = time.perf_counter()
-        counts = evaluate_policy(self._training.trainer.model, self._tokenizer, v.records,
+        counts = evaluate_policy(self._training.trainer.evaluation_model(), self._tokenizer, v.records,
                                  k=v.k, temperature=v.temperature, max_tokens=v.max_tokens, seed=v.seed + version,
                                  reward=v.reward)
         return {**asdict(counts), "version": version, "seconds": time.perf_counter() - start}
@@ -397,7 +406,7 @@ class Worker:
             trainer.load_optimizer_state(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
         return TrainingRole(trainer, model="policy", devices=ids, local_device=self.device,
-                            parallelism=Parallelism(dp=len(ids)))
+                            parallelism=trainer.parallelism)
 
     def _gps_write(self, msg: GpsWrite) -> None:
         """Every rank calls the collective Write, in the order the GpsWrite messages arrive."""
@@ -409,7 +418,7 @@ class Worker:
                                    "to write")
             shards = {self.device: self._snapshot}
         start = time.perf_counter()
-        handle = self.gps.write("policy", ids, Parallelism(dp=len(ids)), shards, background=True)
+        handle = self.gps.write("policy", ids, training_parallelism(len(ids)), shards, background=True)
         self._writes.append(_PendingWrite(msg.version, handle, start, shards))
         self._snapshot = None
 

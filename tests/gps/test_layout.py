@@ -16,6 +16,7 @@ from pivotrl.gps.layout import (
     device_layout,
     gps_layout,
     refine,
+    split_bounds,
 )
 from pivotrl.gps.synthetic import synthetic_model
 from tests.gps.conftest import parallelisms, tiny_dense, tiny_moe
@@ -36,8 +37,12 @@ def _layouts(draw: st.DrawFn, model: ModelSpec, *, moe: bool) -> Layout:
 
 @st.composite
 def layout_pairs(draw: st.DrawFn) -> tuple[Layout, Layout]:
-    moe = draw(st.booleans())
-    model = tiny_moe() if moe else tiny_dense(num_layers=draw(st.integers(2, 5)), tied=draw(st.booleans()))
+    kind = draw(st.sampled_from(["dense", "moe", "moe-fused"]))
+    moe = kind != "dense"
+    if moe:
+        model = tiny_moe(num_experts=draw(st.sampled_from([4, 5])), fused=kind == "moe-fused")
+    else:
+        model = tiny_dense(num_layers=draw(st.integers(2, 5)), tied=draw(st.booleans()))
     return _layouts(draw, model, moe=moe), _layouts(draw, model, moe=moe)
 
 
@@ -71,7 +76,7 @@ def test_refinement_tiles_each_target_piece_once_and_stays_inside_source_pieces(
 @given(st.data())
 def test_each_data_parallel_replica_holds_every_parameter_once_per_tp_copy(data: st.DataObject) -> None:
     model = tiny_dense(num_layers=data.draw(st.integers(2, 5)))
-    p = data.draw(parallelisms())
+    p = data.draw(parallelisms(dp_shard=False))
     by_device = device_layout(model, list(range(p.num_devices)), p).by_endpoint()
     for dp_rank in range(p.dp):
         replica = [i for i in range(p.num_devices) if p.coords(i)[0] == dp_rank]
@@ -82,6 +87,69 @@ def test_each_data_parallel_replica_holds_every_parameter_once_per_tp_copy(data:
                     _paint(count, by_device[d][spec.name])
             copies = p.tp if spec.kind == "replicated" else 1  # tp ranks each keep a whole replicated tensor
             assert (count == copies).all(), (spec.name, p)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_dp_sharded_devices_hold_fsdp_chunks_of_each_tp_piece(data: st.DataObject) -> None:
+    """dp_shard: the dp ranks together hold each tp piece exactly once, rank d holding torch.chunk's chunk d
+    (padded with empty chunks), which is what FSDP2's fully_shard keeps on rank d."""
+    import torch
+
+    model = tiny_dense(num_layers=data.draw(st.integers(2, 4)), hidden=data.draw(st.sampled_from([8, 12])),
+                       vocab=data.draw(st.integers(5, 19)))
+    p = data.draw(parallelisms(dp_shard=True).filter(lambda q: q.dp > 1))
+    devices = data.draw(st.permutations(range(p.num_devices + 2)))[: p.num_devices]
+    sharded = device_layout(model, devices, p)
+    whole = device_layout(model, devices, Parallelism(dp=p.dp, tp=p.tp, pp=p.pp))
+    for spec in model:
+        for piece in whole.pieces[spec.name]:
+            for d in range(p.dp):
+                rows = torch.arange(piece.box.shape[0]).chunk(p.dp) if piece.box.shape else ()
+                want = rows[d].tolist() if d < len(rows) else []
+                for device in piece.holders:
+                    if p.coords(devices.index(device))[0] != d:
+                        continue
+                    box = sharded.boxes(device).get(spec.name)
+                    if not want:
+                        assert box is None or not piece.box.intersects(box), (spec.name, p)
+                        continue
+                    assert box is not None and piece.box.contains(box), (spec.name, p, device)
+                    assert box.start[0] - piece.box.start[0] == want[0]
+                    assert box.stop[0] - piece.box.start[0] == want[-1] + 1
+                    assert box.start[1:] == piece.box.start[1:] and box.stop[1:] == piece.box.stop[1:]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_fused_experts_split_by_expert_range_under_ep_and_by_split_dim_under_tp(data: st.DataObject) -> None:
+    """Each element of a fused expert tensor is held by dp*tp/ep devices under ep (the expert's ep group), by
+    dp devices under tp (one per dp replica; once under dp_shard); tp pieces cut only ``split_dim``."""
+    num_experts = data.draw(st.sampled_from([4, 5]))
+    model = tiny_moe(num_experts=num_experts, fused=True)
+    p = data.draw(parallelisms(moe=True))
+    devices = data.draw(st.permutations(range(p.num_devices + 2)))[: p.num_devices]
+    layout = device_layout(model, devices, p)
+    owner = [r for r, (a, b) in enumerate(split_bounds(num_experts, p.ep)) for _ in range(a, b)]
+    copies = p.dp * p.tp // p.ep if p.ep > 1 else (1 if p.dp_shard and p.dp > 1 else p.dp)
+    for spec in model:
+        if not spec.is_fused_experts:
+            continue
+        count = np.zeros(spec.shape, dtype=np.int64)
+        for piece in layout.pieces[spec.name]:
+            _paint(count, piece.box, len(piece.holders))
+            for device in piece.holders:
+                dp_rank, _, tp_rank = p.coords(devices.index(device))
+                if p.ep > 1:  # whole experts, on the ep rank that owns them
+                    assert piece.box.start[1:] == (0, 0) and piece.box.stop[1:] == spec.shape[1:]
+                    assert {owner[e] for e in range(piece.box.start[0], piece.box.stop[0])} == {
+                        (dp_rank * p.tp + tp_rank) % p.ep}
+                elif p.tp > 1:  # tp rank t holds part t of split_dim, all of the other non-dp dim
+                    other = 3 - spec.split_dim
+                    a, b = split_bounds(spec.shape[spec.split_dim], p.tp)[tp_rank]
+                    assert (piece.box.start[spec.split_dim], piece.box.stop[spec.split_dim]) == (a, b), spec.name
+                    assert (piece.box.start[other], piece.box.stop[other]) == (0, spec.shape[other])
+        assert (count == copies).all(), (spec.name, p)
 
 
 def test_device_order_pp_stages_and_kinds() -> None:
@@ -123,6 +191,24 @@ def test_expert_parallel_places_whole_experts() -> None:
     assert dense_tp[1]["model.layers.0.mlp.experts.2.up_proj.weight"] == Box((3, 0), (6, 8))
 
 
+def test_fused_experts_follow_the_per_expert_placement() -> None:
+    """A fused model (transformers' names) puts expert e's rows where the per-expert model puts expert e."""
+    per_expert, fused = tiny_moe(num_experts=5), tiny_moe(num_experts=5, fused=True)
+    assert fused.num_experts == 5 and fused["model.layers.1.mlp.experts.gate_up_proj"].shape == (5, 12, 8)
+    for p in (Parallelism(dp=2, tp=2, ep=4), Parallelism(dp=2, tp=1, ep=2), Parallelism(dp=1, tp=4, ep=2)):
+        boxes = device_layout(per_expert, list(range(p.num_devices)), p).by_endpoint()
+        fused_boxes = device_layout(fused, list(range(p.num_devices)), p).by_endpoint()
+        for d in range(p.num_devices):
+            held = sorted(e for e in range(5) if f"model.layers.0.mlp.experts.{e}.down_proj.weight" in boxes[d])
+            box = fused_boxes[d]["model.layers.0.mlp.experts.down_proj"]
+            assert held == list(range(box.start[0], box.stop[0])) and box.stop[1:] == (8, 6), (p, d)
+    tp = device_layout(fused, [0, 1], Parallelism(tp=2)).by_endpoint()
+    assert tp[1]["model.layers.0.mlp.experts.gate_up_proj"] == Box((0, 6, 0), (5, 12, 8))  # column: dim 1
+    assert tp[1]["model.layers.0.mlp.experts.down_proj"] == Box((0, 0, 3), (5, 8, 6))  # row: dim 2
+    fsdp = device_layout(fused, list(range(4)), Parallelism(dp=2, tp=2, dp_shard=True)).by_endpoint()
+    assert fsdp[3]["model.layers.0.mlp.experts.down_proj"] == Box((3, 0, 3), (5, 8, 6))  # dp rank 1: experts 3, 4
+
+
 def test_gps_layout_replicated_and_sharded() -> None:
     model = tiny_dense()
     name = "model.layers.0.mlp.gate_proj.weight"  # (12, 8)
@@ -141,6 +227,14 @@ def test_classify_hf_names() -> None:
     assert classify("model.layers.0.self_attn.q_norm.weight", (4,)) == "replicated"
     spec = ParamSpec("model.layers.12.mlp.experts.5.up_proj.weight", (2, 2), "column")
     assert (spec.layer, spec.expert) == (12, 5)
+    assert (spec.is_fused_experts, spec.split_dim) == (False, 0)
+    fused = {"model.layers.3.mlp.experts.gate_up_proj": ("column", 1), "model.layers.3.mlp.experts.down_proj": ("row", 2),
+             "model.layers.3.mlp.experts.routed_experts.w13_weight": ("column", 1),
+             "model.layers.3.mlp.experts.w2_weight": ("row", 2)}
+    for name, (kind, dim) in fused.items():
+        spec = ParamSpec(name, (4, 6, 8), classify(name, (4, 6, 8)))
+        assert (spec.kind, spec.split_dim, spec.is_fused_experts, spec.layer, spec.expert) == (kind, dim, True, 3, None)
+    assert classify("model.layers.3.mlp.experts.down_proj", (6, 8)) == "replicated"  # not 3-D: not fused experts
 
 
 def test_synthetic_models_match_the_public_parameter_counts() -> None:
@@ -171,3 +265,8 @@ def test_parallelism_that_does_not_fit_the_shapes_is_rejected() -> None:
         gps_layout(model, 3, 4)
     with pytest.raises(ValueError, match="kind"):
         ParamSpec("x", (2,), "diagonal")  # type: ignore[arg-type]
+    fused = ParamSpec("model.layers.0.mlp.experts.down_proj", (4, 8, 6), "row")
+    with pytest.raises(ValueError, match="need num_experts=5 rows in dim 0"):
+        ModelSpec((fused,), num_layers=1, num_experts=5)
+    with pytest.raises(ValueError, match="ep=8 exceeds"):
+        device_layout(tiny_moe(num_experts=4, fused=True), list(range(8)), Parallelism(dp=8, ep=8))

@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 from pivotrl.gps.layout import Parallelism, device_layout, specs_from_shapes
 from pivotrl.gps.store import GlobalParameterStorage, GPSConfig, StaleReadError
 from pivotrl.gps.synthetic import dense_shapes, moe_shapes
-from tests.gps.conftest import parallelisms
+from tests.gps.conftest import fuse_experts, parallelisms
 
 DENSE = dense_shapes(hidden_size=8, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=12,
                      vocab_size=20)
 MOE = moe_shapes(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, moe_intermediate_size=6,
                  num_experts=4, vocab_size=12)
+MOE_FUSED = fuse_experts(MOE)  # transformers' model names: experts.gate_up_proj (E, 2I, H), experts.down_proj
 
 
 def _params(shapes: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -34,8 +35,9 @@ def _shards(params: dict[str, torch.Tensor], devices: list[int], p: Parallelism,
 
 @st.composite
 def cases(draw: st.DrawFn) -> tuple:
-    moe = draw(st.booleans())
-    shapes, layers = (MOE, 2) if moe else (DENSE, 3)
+    kind = draw(st.sampled_from(["dense", "moe", "moe-fused"]))
+    moe = kind != "dense"
+    shapes, layers = {"dense": (DENSE, 3), "moe": (MOE, 2), "moe-fused": (MOE_FUSED, 2)}[kind]
     per_node = draw(st.sampled_from([2, 4]))
     num_nodes = draw(st.sampled_from([1, 2, 3]))
     sharded = num_nodes > 1 and draw(st.booleans())  # groups of 2 nodes; on 3 nodes the last group is partial
@@ -46,10 +48,23 @@ def cases(draw: st.DrawFn) -> tuple:
     return shapes, layers, per_node, num_nodes, sharded, write_p, read_p, devices
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=45, deadline=None)
 @given(cases(), st.integers(0, 2**16))
 def test_read_of_write_is_bitwise_equal_across_parallelisms(case: tuple, seed: int) -> None:
-    shapes, layers, per_node, num_nodes, sharded, write_p, read_p, (write_devs, read_devs) = case
+    _check_read_of_write(*case, seed=seed)
+
+
+@pytest.mark.parametrize("write_p, read_p", [(Parallelism(dp=2, tp=2, ep=4), Parallelism(tp=2)),
+                                             (Parallelism(tp=4), Parallelism(dp=2, ep=2)),
+                                             (Parallelism(dp=2, tp=2, dp_shard=True), Parallelism(pp=2, tp=2, ep=2))])
+def test_read_of_write_of_fused_experts_between_ep_and_tp(write_p: Parallelism, read_p: Parallelism) -> None:
+    devices = [list(range(p.num_devices)) for p in (write_p, read_p)]
+    _check_read_of_write(MOE_FUSED, 2, 4, 2, True, write_p, read_p, devices, seed=3)
+
+
+def _check_read_of_write(shapes: dict, layers: int, per_node: int, num_nodes: int, sharded: bool,
+                         write_p: Parallelism, read_p: Parallelism, devices: list[list[int]], *, seed: int) -> None:
+    write_devs, read_devs = devices
     initial, new = _params(shapes, seed), _params(shapes, seed + 1)
     total = sum(t.numel() * t.element_size() for t in initial.values())
     config = GPSConfig(num_nodes=num_nodes, devices_per_node=per_node,

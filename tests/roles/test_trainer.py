@@ -1,7 +1,7 @@
 """GRPO trainer: hand-computed advantages and decoupled-PPO loss terms (off-policy weight, cap,
 clip-higher), the exact on-policy ratio, temperature, masking and micro-batching, a step that lowers
-the surrogate, bitwise optimizer offload/reload, parameter release/load, and 2-rank DDP over gloo with
-GRPO groups straddling the ranks."""
+the surrogate, bitwise optimizer offload/reload, parameter release/load, and 2-rank FSDP2 over gloo with
+GRPO groups straddling the ranks (equal to one process within float tolerance)."""
 import copy
 import datetime
 import math
@@ -16,6 +16,7 @@ import torch.distributed as dist
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from pivotrl.gps.layout import Parallelism, device_layout, specs_from_shapes
 from pivotrl.roles.trainer import (
     GRPOBatch,
     GRPOTrainer,
@@ -408,44 +409,57 @@ def _share(batch: GRPOBatch, rank: int) -> GRPOBatch:
                      behaviour_logprobs=[batch.behaviour_logprobs[i] for i in rows])
 
 
-def _ddp_batch(step: int) -> GRPOBatch:
+def _spec(params: dict[str, torch.Tensor]):  # noqa: ANN202
+    return specs_from_shapes({n: tuple(t.shape) for n, t in params.items()}, 2, itemsize=4)
+
+
+def _sharded_batch(step: int) -> GRPOBatch:
     return _batch(10 + step, num_groups=3, group_size=4, behaviour=True)
 
 
-_DDP_CONFIG = {"lr": 1e-3, "micro_batch_size": 2, "behaviour_weight_cap": 1.3}
+_SHARDED_CONFIG = {"lr": 1e-3, "micro_batch_size": 2, "behaviour_weight_cap": 1.3}
 
 
-def _ddp_rank(rank: int, port: int, out: str) -> None:
+def _sharded_rank(rank: int, port: int, out: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
     group = dist.new_group([0, 1], backend="gloo")
     trainer = None
     try:
-        trainer = GRPOTrainer(_model(seed=rank), TrainerConfig(**_DDP_CONFIG), process_group=group)
-        stats = [asdict(trainer.step(_share(_ddp_batch(0), rank)))]
-        snapshot = {k: v.clone() for k, v in trainer.state_dict_hf().items()}  # a shift down and up between steps
-        trainer.release_temporary(), trainer.release_parameters(), trainer.offload_optimizer()
-        trainer.load_parameters(snapshot), trainer.reload_optimizer()
-        stats.append(asdict(trainer.step(_share(_ddp_batch(1), rank))))
+        # rank 1 builds other weights: sharding starts every rank from rank 0's
+        trainer = GRPOTrainer(_model(seed=rank), TrainerConfig(**_SHARDED_CONFIG), process_group=group)
+        stats = [asdict(trainer.step(_share(_sharded_batch(0), rank)))]
+        assert trainer.parallelism == Parallelism(dp=2, dp_shard=True)
+        full = trainer.state_dict_hf()
+        snapshot = {k: v.clone() for k, v in trainer.local_state_hf().items()}  # a shift down and up between steps
+        for name, chunk in snapshot.items():  # this rank's chunk is the dp-sharded layout's box (GPS reads it)
+            box = device_layout(_spec(full), [0, 1], trainer.parallelism).boxes(rank).get(name)
+            assert torch.equal(chunk, full[name][box.slices()] if box else full[name][:0]), name
+        held = trainer.parameter_bytes()
+        assert held < sum(t.numel() * t.element_size() for t in full.values())  # a chunk, not the model
+        assert trainer.release_temporary() > 0 and trainer.release_parameters() == held
+        assert trainer.offload_optimizer() == 2 * held + 4 * len(snapshot)  # Adam moments of the chunks + steps
+        assert trainer.load_parameters(snapshot) == held and trainer.reload_optimizer() > 0
+        stats.append(asdict(trainer.step(_share(_sharded_batch(1), rank))))
         torch.save({"params": trainer.state_dict_hf(), "stats": stats}, Path(out) / f"rank{rank}.pt")
         with pytest.raises(ValueError, match="micro-batches"):  # 1 vs 2 micro-batches: both ranks refuse
             trainer.step(_batch(12, num_groups=1 + rank, group_size=2, drop=False))
         (Path(out) / f"refused{rank}").touch()
     finally:
         if trainer is not None:
-            trainer.close()  # before the group goes: a reducer holding its last reference can hang the exit
+            trainer.close()
         dist.destroy_process_group(group)
         dist.destroy_process_group()
 
 
 @pytest.mark.dist
-def test_two_rank_ddp_with_straddling_groups_matches_one_process_across_a_shift(tmp_path: Path) -> None:
-    whole = [_ddp_batch(step) for step in range(2)]
+def test_two_rank_fsdp_with_straddling_groups_matches_one_process_across_a_shift(tmp_path: Path) -> None:
+    whole = [_sharded_batch(step) for step in range(2)]
     assert set(_share(whole[0], 0).group_ids) & set(_share(whole[0], 1).group_ids)  # a group on both ranks
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=120))  # free port, chosen now
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_rank, args=(rank, store.port, str(tmp_path))) for rank in range(2)]
+    procs = [ctx.Process(target=_sharded_rank, args=(rank, store.port, str(tmp_path))) for rank in range(2)]
     for p in procs:
         p.start()
     try:
@@ -459,7 +473,7 @@ def test_two_rank_ddp_with_straddling_groups_matches_one_process_across_a_shift(
     assert [p.exitcode for p in procs] == [0, 0]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all((tmp_path / f"refused{r}").exists() for r in range(2))
-    reference = GRPOTrainer(_model(seed=0), TrainerConfig(**_DDP_CONFIG))  # one process, the whole batch
+    reference = GRPOTrainer(_model(seed=0), TrainerConfig(**_SHARDED_CONFIG))  # one process, the whole batch
     expected = [asdict(reference.step(batch)) for batch in whole]
     for step, want in enumerate(expected):
         for got in (ranks[0]["stats"][step], ranks[1]["stats"][step]):

@@ -4,6 +4,7 @@ rewrites the rows of the steps it trains again. The end-to-end kill tests are in
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from pivotrl.runtime.checkpoint import (
     CHECKPOINTS,
     LATEST,
     POLICY_DIR,
-    TRAINER_FILE,
+    TRAINER_FILES,
     ResumeError,
     check_resumable,
     checkpoint_dir,
@@ -20,6 +21,8 @@ from pivotrl.runtime.checkpoint import (
     find_job_folder,
     find_resume_folder,
     latest,
+    num_trainer_files,
+    trainer_file_name,
     truncate_jsonl,
     write_job_id,
 )
@@ -29,12 +32,13 @@ from pivotrl.runtime.runfolder import RunFolder
 DEFAULT = Path(__file__).resolve().parents[2] / "launch" / "configs" / "default.yaml"
 
 
-def _files(folder: Path, step: int) -> Path:
-    """What the training rank writes for a checkpoint of ``step`` (stand-ins of the right names)."""
+def _files(folder: Path, step: int, num_ranks: int = 1) -> Path:
+    """What the training ranks write for a checkpoint of ``step`` (stand-ins of the right names)."""
     path = checkpoint_dir(folder, step)
     (path / POLICY_DIR).mkdir(parents=True)
     (path / POLICY_DIR / "config.json").write_text("{}")
-    (path / TRAINER_FILE).write_bytes(b"x")
+    for rank in range(num_ranks):
+        (path / trainer_file_name(rank, num_ranks)).write_bytes(b"x")
     return path
 
 
@@ -61,8 +65,8 @@ def test_a_torn_or_hand_edited_checkpoint_is_named(tmp_path: Path) -> None:
     folder = _run_folder(tmp_path)
     _files(folder, 1)
     commit(folder, 1, {"books": {}})
-    (checkpoint_dir(folder, 1) / TRAINER_FILE).unlink()
-    with pytest.raises(ResumeError, match=f"incomplete: it needs {POLICY_DIR}/config.json and {TRAINER_FILE}"):
+    (checkpoint_dir(folder, 1) / trainer_file_name(0, 1)).unlink()
+    with pytest.raises(ResumeError, match=re.escape(f"incomplete: it needs {POLICY_DIR}/config.json and one {TRAINER_FILES}")):
         latest(folder)
     (folder / CHECKPOINTS / LATEST).write_text("step-000009\n")
     with pytest.raises(ResumeError, match="names 'step-000009'"):
@@ -116,3 +120,24 @@ def test_rows_after_the_checkpoint_are_dropped(tmp_path: Path) -> None:
     assert truncate_jsonl(path, 3) == 3
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:3]
     assert truncate_jsonl(tmp_path / "absent.jsonl", 3) == 0
+
+
+def test_optimizer_shards_are_one_file_per_training_rank_and_resume_needs_as_many(tmp_path: Path) -> None:
+    folder = _run_folder(tmp_path)
+    path = _files(folder, 1, num_ranks=3)
+    assert num_trainer_files(path) == 3
+    (path / trainer_file_name(1, 3)).unlink()  # a rank's file missing: incomplete, not committed
+    with pytest.raises(RuntimeError, match="not written"):
+        commit(folder, 1, {"books": {}})
+    (path / trainer_file_name(1, 3)).write_bytes(b"x")
+    (path / "trainer-0-of-2.pt").write_bytes(b"x")  # files of two shardings: ambiguous
+    assert num_trainer_files(path) is None
+    (path / "trainer-0-of-2.pt").unlink()
+    point = commit(folder, 1, {"books": {}})
+    assert point.trainer_file(2, 3) == path / "trainer-2-of-3.pt"
+    cfg = load_config(DEFAULT, [], for_cluster_only=True)
+    check_resumable(folder, cfg.to_yaml(), 4, num_training_ranks=3)
+    with pytest.raises(ResumeError, match="deployment.training_devices: .* 3 training ranks .* trains on 2"):
+        check_resumable(folder, cfg.to_yaml(), 4, num_training_ranks=2)
+    with pytest.raises(ValueError, match="rank 3 outside"):
+        trainer_file_name(3, 3)

@@ -101,7 +101,7 @@ def test_reward_and_training_shifts(job) -> None:
     for t in (first, second):
         assert t["report"]["direction"] == "up" and t["report"]["version"] == 0 and t["report"]["parameters_bytes"] > 0
         assert t["roles_held"] == ["training"] and t["stats"]["grad_norm"] > 0
-    assert first["stats"]["num_tokens"] == second["stats"]["num_tokens"]  # global over the DDP group
+    assert first["stats"]["num_tokens"] == second["stats"]["num_tokens"]  # global over the training group
     assert first["stats"]["loss"] == pytest.approx(second["stats"]["loss"])
     assert result["training_down"] == [[], []]
 
