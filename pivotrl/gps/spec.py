@@ -2,8 +2,9 @@
 
 ``Parallelism`` is P; ``ModelSpec`` describes M as HF-named parameters, each with the partition kind
 that tensor parallelism applies to it: column-parallel (q/k/v and gate/up weights and biases, embeddings
-and ``lm_head`` by vocab rows: split along dim 0), row-parallel (o/down weights: split along dim 1) or
-replicated (norms, row-parallel biases, routers). MoE experts come one tensor per expert (checkpoint
+and ``lm_head`` by vocab rows, Gated DeltaNet input projections, conv and per-head vectors: split along
+dim 0), row-parallel (o/down/out weights: split along dim 1) or replicated (norms, row-parallel biases,
+routers). MoE experts come one tensor per expert (checkpoint
 files: ``mlp.experts.<e>.gate_proj.weight``, ``expert`` parsed from the name) or fused: one 3-D tensor
 ``(num_experts, rows, cols)`` per layer (transformers 5 models: ``mlp.experts.gate_up_proj`` (E, 2I, H)
 column, ``mlp.experts.down_proj`` (E, H, I) row; vLLM: ``w13_weight``, ``w2_weight``), whose tp split dim
@@ -24,8 +25,10 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(?:routed_experts\.)?(gate_up_proj|down_proj|w13_weight|w2_weight)$")
 _FUSED_COLUMN = ("gate_up_proj", "w13_weight")
-_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROW = ("o_proj", "down_proj")
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "gate_up_proj",  # GLM4 keeps gate_up fused
+           "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "in_proj_qkvz", "in_proj_ba", "conv1d")  # DeltaNet
+_ROW = ("o_proj", "down_proj", "out_proj")
+_HEAD_VECTORS = ("dt_bias", "A_log")  # Gated DeltaNet per-head parameters: split with the heads
 _VOCAB = ("embed_tokens.weight", "lm_head.weight")
 
 
@@ -202,7 +205,7 @@ def classify(name: str, shape: Sequence[int]) -> Kind:
         return "column" if m.group(1) in _FUSED_COLUMN else "row"
     if name.endswith(_VOCAB) and len(shape) >= 1:
         return "column"
-    if module in _COLUMN and len(shape) >= 1:
+    if (module in _COLUMN or parts[-1] in _HEAD_VECTORS) and len(shape) >= 1:
         return "column"
     if module in _ROW and parts[-1] == "weight" and len(shape) >= 2:
         return "row"

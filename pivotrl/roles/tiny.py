@@ -23,9 +23,10 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.roles.arithmetic import draw_split_problem
 from pivotrl.roles.data import DAPO_PREFIX, DAPO_SUFFIX, wrap_dapo_problem
@@ -132,16 +133,23 @@ def ensure_tiny_checkpoints(cache_dir: Path | None = None, spec: TinyBuildSpec |
     """Return the embedded policy and GenRM checkpoints, building them once under ``cache_dir``."""
     spec = spec or TinyBuildSpec()
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    final = root / f"tiny-{spec.digest()}"
+    final = build_once(root / f"tiny-{spec.digest()}", lambda tmp: _build(tmp, spec), dataclasses.asdict(spec))
+    return TinyCheckpoints(policy_path=final / "policy", genrm_path=final / "genrm")
+
+
+def build_once(final: Path, build: Callable[[Path], None], spec: dict[str, Any]) -> Path:
+    """``final``, built unless complete: ``build(tmp)`` fills a temporary sibling folder, ``spec`` is written
+    as its completion mark, then it is renamed into place (module invariant)."""
     if not (final / _COMPLETE_MARK).exists():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            _build(tmp, spec)
+            build(tmp)
+            (tmp / _COMPLETE_MARK).write_text(json.dumps(spec, indent=1))
             _publish(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return TinyCheckpoints(policy_path=final / "policy", genrm_path=final / "genrm")
+    return final
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
@@ -168,7 +176,6 @@ def _build(folder: Path, spec: TinyBuildSpec) -> None:
         out = folder / name
         tokenizer.save_pretrained(str(out))
         model.save_pretrained(str(out), safe_serialization=True)
-    (folder / _COMPLETE_MARK).write_text(json.dumps(dataclasses.asdict(spec), indent=1))
 
 
 def _warm_policy(spec: TinyBuildSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:

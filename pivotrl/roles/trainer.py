@@ -244,7 +244,7 @@ def decode_rows(blocks: Sequence[torch.Tensor], counts: Sequence[int]) -> tuple[
 
 class GRPOTrainer:
     """GRPO over one model; FSDP2-sharded over ``process_group`` when one is given (the caller owns the
-    group; every rank must start from the same parameters)."""
+    group; every rank starts from group rank 0's parameters)."""
 
     def __init__(self, model: torch.nn.Module, config: TrainerConfig, *, process_group: Any = None) -> None:
         self.config = config
@@ -254,7 +254,6 @@ class GRPOTrainer:
         if process_group is not None:
             sharding.shard_model(self.model, process_group, config.device)
         self.is_sharded = sharding.is_sharded(self.model)
-        self._forward_module = self.model
         self._freed: dict[int, int] = {}  # id(param) -> storage bytes of a released sharded chunk
         self._evaluation_model: torch.nn.Module | None = None
         self.optimizer = torch.optim.AdamW(
@@ -320,7 +319,7 @@ class GRPOTrainer:
         """Per micro-batch (rows, seq - 1) log-probs at the current parameters: the module and micro-batches
         of the gradient pass, so both give bitwise equal values."""
         with torch.no_grad():
-            return [token_logprobs(self._forward_module, *self._collate(batch, rows)[:2],
+            return [token_logprobs(self.model, *self._collate(batch, rows)[:2],
                                    temperature=self.config.temperature) for rows in micro]
 
     def _accumulate(
@@ -340,7 +339,7 @@ class GRPOTrainer:
             behaviour = (proximal[index] if batch.behaviour_logprobs is None
                          else _padded(batch.behaviour_logprobs, rows, response, "behaviour_logprobs"))
             with self._sync_context(is_last=index == len(micro) - 1, backward=backward):
-                logp = token_logprobs(self._forward_module, ids, attention, temperature=c.temperature)
+                logp = token_logprobs(self.model, ids, attention, temperature=c.temperature)
                 terms = grpo_token_loss(logp, proximal[index], behaviour, adv, mask, clip_eps_low=c.clip_eps_low,
                                         clip_eps_high=c.clip_eps_high, behaviour_weight_cap=c.behaviour_weight_cap)
                 if backward:

@@ -39,7 +39,6 @@ __all__ = ["CheckReport", "RoleMemory", "TransferCheck", "check", "main", "model
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ADAM_MOMENT_BYTES = 4  # each of AdamW's two moments (exp_avg, exp_avg_sq) in fp32
 SLOTS = {"policy": 2, "genrm": 1}  # host copies per model, as the runtime registers them (policy writable)
 
 
@@ -127,13 +126,14 @@ def device_numel(layout: Layout) -> dict[int, int]:
 def role_memory(role: str, model: str, layout: Layout, parallelism: Parallelism, dtype: str,
                 device: DeviceSpec) -> RoleMemory:
     """The fullest device's bytes. Inference roles: weights = elements x ``dtype`` size. Training (FSDP, each
-    device a dim-0 chunk of every parameter): per element, the parameter and its gradient in ``dtype``
-    plus AdamW's two moments in fp32: ``numel x (2 x dtype size + 2 x 4)``, 12 B for bf16 and 16 B for
-    float32. Not counted: an fp32 master copy (+4 B/element for trainers that keep one; torch AdamW on
-    bf16 parameters, as ``GRPOTrainer`` uses, keeps none and its moments in bf16), activations, KV cache."""
+    device a dim-0 chunk of every parameter), as ``GRPOTrainer`` keeps them: per element the parameter, its
+    gradient and torch AdamW's two moments, all in ``trainer.dtype``: ``numel x 4 x dtype size``, 8 B for
+    bf16 and 16 B for float32. Not counted: activations (they depend on the micro-batch), an fp32 master
+    copy (``GRPOTrainer`` keeps none; mixed-precision trainers that do need +4 B/element, and +4 B more
+    for fp32 moments)."""
     numel = max(device_numel(layout).values())
     size = DTYPE_BYTES[dtype]
-    state = numel * (2 * size + 2 * ADAM_MOMENT_BYTES) if role == "training" else numel * size
+    state = numel * 4 * size if role == "training" else numel * size
     return RoleMemory(role, model, _describe(parallelism), len(layout.endpoints), numel * size, state,
                       int(device.hbm_bytes))
 
@@ -226,7 +226,7 @@ def format_report(r: CheckReport) -> str:
     for m in r.roles:
         lines.append(f"{m.role:<9} {m.model:<6} {m.num_devices:>7} {m.parallelism:<14} {_gib(m.weight_bytes):>15} "
                      f"{_gib(m.state_bytes):>13} {_gib(m.hbm_bytes):>10} {'yes' if m.fits else 'NO'}")
-    lines.append("  training state = parameters + gradients (trainer.dtype) + 2 fp32 AdamW moments per element")
+    lines.append("  training state = parameters + gradients + 2 AdamW moments per element, all in trainer.dtype")
     lines.append(f"{'transfer':<14} {'devices':>7} {'parallelism':<14} {'bytes':>16} {'transfers':>9} "
                  f"{'planned ms':>10} {'planning ms':>11}")
     for t in r.transfers:

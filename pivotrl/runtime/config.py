@@ -44,9 +44,10 @@ if typing.TYPE_CHECKING:
     from pivotrl.roles.engine import EngineConfig
 
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EngineSection", "GPSSection", "ModelsConfig",
-           "PipelineConfig", "RunConfig", "TINY", "load_config", "load_prompts"]
+           "PipelineConfig", "RunConfig", "TINY", "TINY_MOE", "load_config", "load_prompts"]
 
 TINY = "tiny"  # models.*: the embedded checkpoints of pivotrl.roles.tiny.ensure_tiny_checkpoints()
+TINY_MOE = "tiny-moe"  # models.genrm: the embedded Qwen3-MoE GenRM of pivotrl.roles.tiny_moe.ensure_tiny_moe_genrm()
 DATA_SUFFIXES = (".parquet", ".jsonl")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -104,10 +105,11 @@ class ClusterConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ModelsConfig:
-    """The policy and the GenRM: ``"tiny"`` (embedded checkpoints) or an HF checkpoint folder."""
+    """The policy and the GenRM: ``"tiny"`` (embedded checkpoints), ``"tiny-moe"`` (GenRM only: the embedded
+    Qwen3-MoE GenRM) or an HF checkpoint folder."""
 
     policy: str = TINY  # "tiny", or a folder holding config.json and weights
-    genrm: str = TINY  # "tiny", or a folder holding config.json and weights
+    genrm: str = TINY  # "tiny", "tiny-moe", or a folder holding config.json and weights
     policy_tp: int = 1  # devices per rollout replica; divides cluster.devices_per_node
     genrm_tp: int = 1  # devices per GenRM replica (an MoE GenRM: its TP = EP degree); divides devices_per_node
 
@@ -115,6 +117,8 @@ class ModelsConfig:
         for name in ("policy", "genrm"):
             if not getattr(self, name):
                 raise ConfigError(f"{name}: must be {TINY!r} or a checkpoint folder, got an empty string")
+        if self.policy == TINY_MOE:
+            raise ConfigError(f"policy: {TINY_MOE!r} is an embedded GenRM only; use {TINY!r} or a checkpoint folder")
         for name in ("policy_tp", "genrm_tp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -429,7 +433,7 @@ def _check_outputs(cfg: PipelineConfig) -> None:
 
 def _check_checkpoint(key: str, model: str, engine: EngineSection, engine_key: str) -> None:
     """A checkpoint folder exists, holds config.json, and has room for ``max_model_len`` positions."""
-    if model == TINY:
+    if model in (TINY, TINY_MOE):  # the MoE GenRM has the dense GenRM's positions (pivotrl.roles.tiny_moe)
         from pivotrl.roles.tiny import TinyBuildSpec
 
         spec = TinyBuildSpec()

@@ -1,4 +1,5 @@
-"""HF <-> vLLM conversion: bitwise round trip and tensor-parallel semantics on random small shapes."""
+"""HF <-> vLLM conversion: bitwise round trip and tensor-parallel semantics on random small shapes (dense
+Qwen2/Llama, and Qwen3-MoE with per-expert or fused expert tensors, tp or expert parallel)."""
 from dataclasses import dataclass
 
 import pytest
@@ -18,17 +19,22 @@ class Case:
     bias: bool
     tied: bool
     seed: int
+    tp: int
+
+
+TP = st.sampled_from([1, 2, 4, 8])
 
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
+    tp = draw(TP)
     kv = draw(st.sampled_from([1, 2, 4]))
-    heads = draw(st.sampled_from([h for h in (4, 8) if h % kv == 0]))
+    heads = draw(st.sampled_from([h for h in (4, 8, 16) if h % kv == 0 and h % tp == 0]))
     shape = ModelShape(num_heads=heads, num_kv_heads=kv, head_dim=draw(st.sampled_from([2, 4])),
                        vocab_size=draw(st.integers(5, 150)), vocab_padding=draw(st.sampled_from([8, 64])))
-    return Case(shape=shape, hidden=draw(st.sampled_from([4, 8])), intermediate=4 * draw(st.integers(1, 3)),
+    return Case(shape=shape, hidden=draw(st.sampled_from([4, 8])), intermediate=max(tp, 4) * draw(st.integers(1, 3)),
                 num_layers=draw(st.integers(1, 2)), bias=draw(st.booleans()), tied=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**16)))
+                seed=draw(st.integers(0, 2**16)), tp=tp)
 
 
 def hf_params(case: Case) -> dict[str, torch.Tensor]:
@@ -45,21 +51,21 @@ def hf_params(case: Case) -> dict[str, torch.Tensor]:
             if case.bias:
                 sizes[f"{p}.self_attn.{k}_proj.bias"] = (n,)
         sizes[f"{p}.self_attn.o_proj.weight"] = (h, rows["q"])
-        sizes[f"{p}.mlp.gate_proj.weight"] = (case.intermediate, h)
-        sizes[f"{p}.mlp.up_proj.weight"] = (case.intermediate, h)
-        sizes[f"{p}.mlp.down_proj.weight"] = (h, case.intermediate)
+        sizes.update(_mlp_sizes(f"{p}.mlp", h, case.intermediate))
         sizes[f"{p}.input_layernorm.weight"] = (h,)
         sizes[f"{p}.post_attention_layernorm.weight"] = (h,)
     return {n: torch.randn(sz, generator=g, dtype=torch.float64) for n, sz in sizes.items()}
 
 
-TP = st.sampled_from([1, 2, 4])
+def _mlp_sizes(prefix: str, hidden: int, intermediate: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.gate_proj.weight": (intermediate, hidden), f"{prefix}.up_proj.weight": (intermediate, hidden),
+            f"{prefix}.down_proj.weight": (hidden, intermediate)}
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=cases(), tp=TP)
-def test_round_trip_is_bitwise(case: Case, tp: int) -> None:
-    hf = hf_params(case)
+@given(case=cases())
+def test_round_trip_is_bitwise(case: Case) -> None:
+    hf, tp = hf_params(case), case.tp
     ranks = [hf_to_vllm(hf, case.shape, tp_rank=r, tp_size=tp) for r in range(tp)]
     back = vllm_to_hf(ranks, case.shape, {n: t.shape for n, t in hf.items()})
     assert back.keys() == hf.keys()
@@ -70,10 +76,10 @@ def test_round_trip_is_bitwise(case: Case, tp: int) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=cases(), tp=TP)
-def test_sharded_tensors_compute_the_full_model(case: Case, tp: int) -> None:
+@given(case=cases())
+def test_sharded_tensors_compute_the_full_model(case: Case) -> None:
     """Per-rank tensors, used the way a tp engine uses them, equal the full HF computation."""
-    hf, s = hf_params(case), case.shape
+    hf, s, tp = hf_params(case), case.shape, case.tp
     ranks = [hf_to_vllm(hf, s, tp_rank=r, tp_size=tp) for r in range(tp)]
     nh_local, nkv_local = s.num_heads // tp, max(s.num_kv_heads // tp, 1)
     x = torch.randn(3, case.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(case.seed))
@@ -99,8 +105,13 @@ def test_sharded_tensors_compute_the_full_model(case: Case, tp: int) -> None:
 
 
 def _mlp_rank(x: torch.Tensor, rank: dict[str, torch.Tensor], p: str) -> torch.Tensor:
-    gate, up = rank[f"{p}.mlp.gate_up_proj.weight"].chunk(2)
-    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ rank[f"{p}.mlp.down_proj.weight"].T
+    return _swiglu(x, rank[f"{p}.mlp.gate_up_proj.weight"], rank[f"{p}.mlp.down_proj.weight"])
+
+
+def _swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """vLLM's SiluAndMul MLP: ``gate_up`` = cat(gate, up) rows, ``down`` (hidden, intermediate)."""
+    gate, up = gate_up.chunk(2)
+    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
 def _check_vocab(hf: dict[str, torch.Tensor], ranks: list[dict[str, torch.Tensor]], s: ModelShape) -> None:
@@ -128,6 +139,9 @@ def test_bad_tp_is_a_clear_error(tp: int) -> None:
     shape = ModelShape(num_heads=4, num_kv_heads=2, head_dim=8, vocab_size=10)
     with pytest.raises(ValueError, match="tp_size"):
         plan_rank({"model.norm.weight": (8,)}, shape, tp_size=tp)
+    moe = ModelShape(num_heads=8, num_kv_heads=2, head_dim=8, vocab_size=10, num_experts=4)
+    with pytest.raises(ValueError, match="tp_size=8 exceeds num_experts=4"):
+        plan_rank({"model.norm.weight": (8,)}, moe, tp_size=8)
 
 
 def test_shape_validation_names_the_field() -> None:

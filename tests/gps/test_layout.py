@@ -225,10 +225,17 @@ def test_classify_hf_names() -> None:
     assert classify("model.layers.3.mlp.gate.weight", (4, 8)) == "replicated"
     assert classify("model.embed_tokens.weight", (16, 8)) == "column"
     assert classify("model.layers.0.self_attn.q_norm.weight", (4,)) == "replicated"
+    assert classify("model.layers.0.mlp.gate_up_proj.weight", (16, 8)) == "column"  # GLM4: fused in the checkpoint
+    for name, shape in (("in_proj_qkv.weight", (24, 8)), ("in_proj_z.weight", (8, 8)), ("in_proj_a.weight", (4, 8)),
+                        ("conv1d.weight", (24, 1, 4)), ("dt_bias", (4,)), ("A_log", (4,))):  # Gated DeltaNet
+        assert classify(f"model.layers.0.linear_attn.{name}", shape) == "column", name
+    assert classify("model.layers.0.linear_attn.out_proj.weight", (8, 8)) == "row"
+    assert classify("model.layers.0.linear_attn.norm.weight", (4,)) == "replicated"
     spec = ParamSpec("model.layers.12.mlp.experts.5.up_proj.weight", (2, 2), "column")
     assert (spec.layer, spec.expert) == (12, 5)
     assert (spec.is_fused_experts, spec.split_dim) == (False, 0)
-    fused = {"model.layers.3.mlp.experts.gate_up_proj": ("column", 1), "model.layers.3.mlp.experts.down_proj": ("row", 2),
+    fused = {"model.layers.3.mlp.experts.gate_up_proj": ("column", 1),
+             "model.layers.3.mlp.experts.down_proj": ("row", 2),
              "model.layers.3.mlp.experts.routed_experts.w13_weight": ("column", 1),
              "model.layers.3.mlp.experts.w2_weight": ("row", 2)}
     for name, (kind, dim) in fused.items():

@@ -146,8 +146,13 @@ def test_policy_solves_some_heldout_problems_but_not_all(tiny: TinyCheckpoints, 
 
 
 def test_genrm_scores_correct_responses_above_wrong_ones(tiny: TinyCheckpoints) -> None:
-    tokenizer = load_tokenizer(tiny.genrm_path)
-    genrm = AutoModelForCausalLM.from_pretrained(tiny.genrm_path).eval()
+    assert_genrm_scores_correct_above_wrong(tiny.genrm_path)
+
+
+def assert_genrm_scores_correct_above_wrong(path: Path) -> None:
+    """Greedy judgements of held-out correct and wrong responses: >= 90 % parse, correct score higher."""
+    tokenizer = load_tokenizer(path)
+    genrm = AutoModelForCausalLM.from_pretrained(path).eval()
     problems, rng = _heldout_problems(), random.Random(0)
     responses = [policy_response(p) for p in problems] + [wrong_response(p, rng) for p in problems]
     prompts = [chat_token_ids(genrm_messages(p.question, r, scale=10.0), tokenizer)

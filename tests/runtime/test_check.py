@@ -259,7 +259,7 @@ def test_training_state_is_fsdp_shards_of_params_grads_and_adam() -> None:
     assert sum(numel.values()) == sum(p.numel for p in spec)  # FSDP: every element on exactly one device
     bf16 = role_memory("training", "policy", layout, Parallelism(dp=16, dp_shard=True), "bfloat16", DEVICES["H20"])
     fp32 = role_memory("training", "policy", layout, Parallelism(dp=16, dp_shard=True), "float32", DEVICES["H20"])
-    assert bf16.state_bytes == 12 * max(numel.values()) and fp32.state_bytes == 16 * max(numel.values())
+    assert bf16.state_bytes == 8 * max(numel.values()) and fp32.state_bytes == 16 * max(numel.values())
 
 
 # ---------------------------------------------------------------- errors and the command line

@@ -107,6 +107,7 @@ BAD = [
     (["models.genrm_tp=0"], "models.genrm_tp", ">= 1"),
     (["models.policy_tp=2"], "models.policy_tp", "tp = 1"),
     (["models.genrm=/no/such/folder"], "models.genrm", "config.json"),
+    (["models.policy=tiny-moe"], "models.policy", "GenRM only"),
     (["deployment.training_devices=5"], "deployment.training_devices", "[1, 4]"),
     (["deployment.kind=disaggregated"], "deployment.rollout_devices", "= 4"),
     (["deployment.kind=bogus"], "deployment.kind", "shiftable"),
@@ -157,6 +158,27 @@ def test_bad_input_names_its_key(overrides: list[str], key: str, allowed: str) -
     message = str(err.value)
     assert key in message, message
     assert allowed in message, message
+
+
+def test_the_embedded_moe_genrm_is_accepted_where_tiny_is() -> None:
+    cfg = load_config(DEFAULT, ["models.genrm=tiny-moe"])
+    assert cfg.models.genrm == "tiny-moe" and cfg.models.policy == "tiny"
+    with pytest.raises(ConfigError, match=r"^genrm\.max_model_len: .*4096"):
+        load_config(DEFAULT, ["models.genrm=tiny-moe", "genrm.max_model_len=5000"])
+
+
+def test_model_names_resolve_to_the_embedded_folders(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What the launcher loads for ``models.*``: tiny-moe is the MoE GenRM's folder, tiny the dense ones."""
+    import pivotrl.roles.tiny as tiny
+    import pivotrl.roles.tiny_moe as tiny_moe
+    from pivotrl.runtime.pipeline import _embedded
+
+    dense = tiny.TinyCheckpoints(policy_path=tmp_path / "policy", genrm_path=tmp_path / "genrm")
+    monkeypatch.setattr(tiny, "ensure_tiny_checkpoints", lambda: dense)
+    monkeypatch.setattr(tiny_moe, "ensure_tiny_moe_genrm", lambda: tmp_path / "moe")
+    assert _embedded(("tiny", "tiny-moe")) == (dense.policy_path, tmp_path / "moe")
+    assert _embedded(("tiny", "tiny")) == (dense.policy_path, dense.genrm_path)
+    assert _embedded(("/ckpt/policy", "tiny-moe")) == (Path("/ckpt/policy"), tmp_path / "moe")
 
 
 def test_checkpoint_folder_positions(tmp_path: Path) -> None:

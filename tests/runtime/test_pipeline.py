@@ -60,12 +60,15 @@ def test_static_deployment_keeps_the_books(name: str, tmp_path: Path) -> None:
             "prompt or ground truth: null": 1, "prompt: empty text": 1, TOO_LONG_FOR_POLICY: 1}}
 
 
-def test_pivotrl_on_two_nodes(tmp_path: Path) -> None:
+def test_pivotrl_on_two_nodes_with_an_moe_genrm(tmp_path: Path) -> None:
     """Multi-node is the same code: 2 torchrun "nodes" x 2 ranks, a GPS copy on each node; the final
-    policy is saved by a rank of node 1, reading its own node's copy."""
-    job = run_job(tmp_path, SMALL + ["data.prompts_per_step=2"], nnodes=2, nproc=2)
+    policy is saved by a rank of node 1, reading its own node's copy. The GenRM is the embedded Qwen3-MoE
+    (``models.genrm=tiny-moe``, the paper's dominant configuration): each shift up of a reward replica reads
+    it from GPS and loads it through the converter's fused-expert path; every judgement parses."""
+    job = run_job(tmp_path, SMALL + ["data.prompts_per_step=2", "models.genrm=tiny-moe"], nnodes=2, nproc=2)
     summary = check_accounting(job, num_steps=2, staleness=1)
     assert summary["num_plans"] >= 1  # the planner shifted devices
+    assert all(r["genrm_parse_failures"] == 0 and r["genrm_parsed"] > 0 for r in job.metrics), job.metrics
 
 
 @pytest.mark.parametrize("override, message", [
