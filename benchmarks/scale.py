@@ -7,8 +7,8 @@ one GenRM replica, and the Write by the training devices. Per plan: the planned 
 (``Plan.max_sender_latency_s``, ``LinkProfile()``: PCIe 63 GB/s, RDMA 50 GB/s, 10 us per transfer) and the
 planning compute time (wall clock, best of ``--repeats`` runs; the first run is a warm-up).
 
-Reference, computed in the same run: the bytes a replica reads over one PCIe link, ``bytes /
-LinkProfile.local_bytes_per_s`` (no per-transfer overhead). Each read's planned time is stated as a
+Reference, computed in the same run: the bytes the replica's fullest device receives over its own PCIe
+link, ``bytes / LinkProfile.local_bytes_per_s`` (no per-transfer overhead). Each read's planned time is stated as a
 ratio to it; a ratio below 1 means the plan spreads the replica's bytes over several senders faster
 than one link carries them (``build_plan`` charges the senders only, not the receiving devices' links).
 Usage: python benchmarks/scale.py [--json] [--repeats R] [--node-memory-gib G]
@@ -48,7 +48,7 @@ def row(report: CheckReport, planning_s: list[float], profile: LinkProfile) -> d
         out[f"{key}_bytes"] = t.nbytes
         out[f"{key}_transfers"] = t.num_transfers
         if t.op == "read":
-            bound_s = t.nbytes / profile.local_bytes_per_s
+            bound_s = t.max_receiver_bytes / profile.local_bytes_per_s
             out[f"{key}_bound_ms"] = round(bound_s * 1e3, 3)
             out[f"{key}_vs_bound"] = round(t.planned_s / bound_s, 4)
     return out
@@ -74,12 +74,13 @@ def main() -> None:
               f"{r['read_planning_ms']:>7.1f} | {r['genrm_read_plan_ms']:>8.1f} {r['genrm_read_bound_ms']:>8.1f} "
               f"{r['genrm_read_vs_bound']:>5.2f} {r['genrm_read_planning_ms']:>7.1f} | {r['write_plan_ms']:>8.1f} "
               f"{r['write_planning_ms']:>7.1f}")
-    print("read/rm read: planned Read of one rollout / GenRM replica on node 0; bound: its bytes over one PCIe link "
-          f"({profile.local_bytes_per_s / 1e9:.0f} GB/s); vs: planned / bound; plan ms: planning compute time "
+    print("read/rm read: planned Read of one rollout / GenRM replica on node 0; bound: its fullest device's bytes "
+          f"over that device's PCIe link ({profile.local_bytes_per_s / 1e9:.0f} GB/s); vs: planned / bound; "
+          "plan ms: planning compute time "
           f"(best of {args.repeats}); write: the training devices' Write into every GPS copy")
     if args.json:
-        reference = {"what": "bytes the replica reads / LinkProfile.local_bytes_per_s (one PCIe link, no "
-                             "per-transfer overhead), computed in this run",
+        reference = {"what": "bytes the replica's fullest device receives / LinkProfile.local_bytes_per_s (its "
+                             "PCIe link, no per-transfer overhead), computed in this run",
                      "local_bytes_per_s": profile.local_bytes_per_s,
                      "read_bound_ms": {r["name"]: r["read_bound_ms"] for r in rows},
                      "genrm_read_bound_ms": {r["name"]: r["genrm_read_bound_ms"] for r in rows}}

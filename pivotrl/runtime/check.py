@@ -69,6 +69,7 @@ class TransferCheck:
     devices: tuple[int, ...]
     parallelism: str
     nbytes: int  # bytes the plan moves
+    max_receiver_bytes: int  # bytes of the endpoint that receives most (a Read: one device's PCIe link carries them)
     num_transfers: int
     planned_s: float  # Plan.max_sender_latency_s: the slowest sender's estimated time
     planning_s: float  # wall time of plan_operation
@@ -166,6 +167,13 @@ def _roles(cfg: PipelineConfig, specs: dict[str, ModelSpec]) -> list[_Role]:
             _Role("training", "policy", training, fsdp, cfg.trainer.dtype, "deployment.training_devices")]
 
 
+def _max_receiver_bytes(plan: Any) -> int:
+    per_target: dict[int, int] = {}
+    for target, nbytes in zip(plan.target.tolist(), plan.nbytes.tolist(), strict=True):
+        per_target[target] = per_target.get(target, 0) + nbytes
+    return max(per_target.values(), default=0)
+
+
 def check(cfg: PipelineConfig, *, node_budget_bytes: int | None = None, device: str = "H20",
           profile: LinkProfile | None = None) -> CheckReport:
     """All figures of the module docstring for ``cfg``."""
@@ -191,7 +199,8 @@ def check(cfg: PipelineConfig, *, node_budget_bytes: int | None = None, device: 
                               devices_per_node=cfg.cluster.devices_per_node, profile=profile)
         planning_s = time.perf_counter() - start
         transfers.append(TransferCheck(op, r.model, r.role, r.devices, _describe(r.parallelism),
-                                       int(plan.nbytes.sum()), plan.num_transfers, plan.max_sender_latency_s,
+                                       int(plan.nbytes.sum()), _max_receiver_bytes(plan), plan.num_transfers,
+                                       plan.max_sender_latency_s,
                                        planning_s))
     return CheckReport(cfg.run.name, {"policy": cfg.models.policy, "genrm": cfg.models.genrm},
                        {k: sum(p.numel for p in s) for k, s in specs.items()}, {k: s.nbytes for k, s in specs.items()},
