@@ -104,10 +104,17 @@ class CheckReport:
 
 def model_specs(cfg: PipelineConfig) -> dict[str, ModelSpec]:
     """The policy's and the GenRM's ModelSpec; ConfigError naming ``models.<key>`` when one is unknown."""
+    from pivotrl.runtime.config import TINY, TINY_MOE
+
+    names = (cfg.models.policy, cfg.models.genrm)
+    if TINY in names or TINY_MOE in names:  # the embedded checkpoints: built on first use (minutes), then cached
+        from pivotrl.runtime.pipeline import embedded_checkpoints
+
+        names = tuple(str(p) for p in embedded_checkpoints(names))  # type: ignore[assignment]
     out = {}
-    for key in ("policy", "genrm"):
+    for key, name in zip(("policy", "genrm"), names, strict=True):
         try:
-            out[key] = model_spec_for(getattr(cfg.models, key))
+            out[key] = model_spec_for(name)
         except ValueError as err:
             raise ConfigError(f"models.{key}: {err}") from None
     return out
@@ -210,7 +217,12 @@ def check(cfg: PipelineConfig, *, node_budget_bytes: int | None = None, device: 
 
 # ---------------------------------------------------------------- output
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f} GiB"
+    """GiB, or MiB below 0.1 GiB (the embedded tiny models)."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / (1 << 20):.2f} MiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
 def _span(devices: Sequence[int]) -> str:
@@ -225,7 +237,7 @@ def format_report(r: CheckReport) -> str:
     lines = [f"{r.name}: {r.num_nodes} nodes x {r.devices_per_node} {r.device} ({hbm / 1e9:.0f} GB = {_gib(hbm)} "
              "HBM each)"]
     for key in ("policy", "genrm"):
-        lines.append(f"  {key:<7} {r.models[key]}: {r.model_params[key] / 1e9:.2f} B params, "
+        lines.append(f"  {key:<7} {r.models[key]}: {_params(r.model_params[key])} params, "
                      f"{r.model_bytes[key]:,} B ({_gib(r.model_bytes[key])})")
     lines += [f"GPS placement: {'replicated' if p.is_replicated else 'hybrid'}, k = {p.group_size} ({p.reason})",
               f"  host memory per node: {p.node_bytes:,} B ({_gib(p.node_bytes)}) "

@@ -145,14 +145,14 @@ def _checkpoints(cfg: Any, rank: int) -> tuple[Path, Path]:
     paths: tuple[Path, Path] | None = None
     if TINY in names or TINY_MOE in names:
         if rank == 0:
-            paths = _embedded(names)
+            paths = embedded_checkpoints(names)
         dist.barrier()
         if rank != 0:
-            paths = _embedded(names)
+            paths = embedded_checkpoints(names)
     return paths or (Path(names[0]), Path(names[1]))
 
 
-def _embedded(names: tuple[str, str]) -> tuple[Path, Path]:
+def embedded_checkpoints(names: tuple[str, str]) -> tuple[Path, Path]:
     """(policy, genrm) folders, building the embedded checkpoints that ``names`` ask for."""
     from pivotrl.roles.tiny import ensure_tiny_checkpoints
     from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm

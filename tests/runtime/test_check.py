@@ -291,3 +291,17 @@ def test_the_command_line_prints_a_table_and_json() -> None:
     assert out["placement"]["node_budget_bytes"] == 50 << 30
     assert out["roles"][2]["num_devices"] == 16 and out["transfers"][2]["devices"] == list(range(16, 32))
     assert any(line.startswith("GPS placement: hybrid, k = 2") for line in lines)
+
+
+def test_the_embedded_default_is_checked_from_its_built_checkpoints() -> None:
+    """``tiny`` / ``tiny-moe`` resolve to the embedded folders (as the pipeline resolves them), whose
+    safetensors headers give the shapes: an MoE GenRM's per-expert tensors split whole across ep ranks."""
+    from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
+
+    cfg = load_config(ROOT / "launch" / "configs" / "default.yaml", ["models.genrm=tiny-moe"], for_cluster_only=True)
+    report = check(cfg)
+    moe = model_spec_for(str(ensure_tiny_moe_genrm()))
+    assert report.model_bytes["genrm"] == moe.nbytes and moe.num_experts > 1
+    assert report.placement.is_replicated and all(t.nbytes > 0 for t in report.transfers)
+    training = next(r for r in report.roles if r.role == "training")
+    assert training.num_devices == cfg.deployment.training_devices == 2 and training.parallelism == "dp=2, FSDP"

@@ -171,14 +171,14 @@ def test_model_names_resolve_to_the_embedded_folders(monkeypatch: pytest.MonkeyP
     """What the launcher loads for ``models.*``: tiny-moe is the MoE GenRM's folder, tiny the dense ones."""
     import pivotrl.roles.tiny as tiny
     import pivotrl.roles.tiny_moe as tiny_moe
-    from pivotrl.runtime.pipeline import _embedded
+    from pivotrl.runtime.pipeline import embedded_checkpoints
 
     dense = tiny.TinyCheckpoints(policy_path=tmp_path / "policy", genrm_path=tmp_path / "genrm")
     monkeypatch.setattr(tiny, "ensure_tiny_checkpoints", lambda: dense)
     monkeypatch.setattr(tiny_moe, "ensure_tiny_moe_genrm", lambda: tmp_path / "moe")
-    assert _embedded(("tiny", "tiny-moe")) == (dense.policy_path, tmp_path / "moe")
-    assert _embedded(("tiny", "tiny")) == (dense.policy_path, dense.genrm_path)
-    assert _embedded(("/ckpt/policy", "tiny-moe")) == (Path("/ckpt/policy"), tmp_path / "moe")
+    assert embedded_checkpoints(("tiny", "tiny-moe")) == (dense.policy_path, tmp_path / "moe")
+    assert embedded_checkpoints(("tiny", "tiny")) == (dense.policy_path, dense.genrm_path)
+    assert embedded_checkpoints(("/ckpt/policy", "tiny-moe")) == (Path("/ckpt/policy"), tmp_path / "moe")
 
 
 def test_checkpoint_folder_positions(tmp_path: Path) -> None:
