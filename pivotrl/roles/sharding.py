@@ -28,9 +28,11 @@ except ImportError:  # pragma: no cover - torch < 2.5
     from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
 
 
-def shard_model(model: torch.nn.Module, group: Any, device: str) -> torch.nn.Module:
-    """Shard ``model`` in place over ``group`` (after copying group rank 0's parameters to every rank): each decoder layer (the classes HF lists in
-    ``_no_split_modules``, else every ``*DecoderLayer``) is one FSDP unit, the rest is the root unit."""
+def shard_model(model: torch.nn.Module, group: Any, device: str, *, reshard_after_forward: bool = True
+                ) -> torch.nn.Module:
+    """Shard ``model`` in place over ``group`` after copying group rank 0's parameters to every rank: each
+    decoder layer (the classes HF lists in ``_no_split_modules``, else every ``*DecoderLayer``) is one FSDP
+    unit, the rest is the root unit. ``reshard_after_forward`` as FSDP2's (see ``TrainerConfig``)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -45,8 +47,8 @@ def shard_model(model: torch.nn.Module, group: Any, device: str) -> torch.nn.Mod
         for p in model.parameters():
             dist.broadcast(p.data, src=source, group=group)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model
 
 

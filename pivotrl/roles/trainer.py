@@ -77,6 +77,10 @@ class TrainerConfig:
     temperature: float = 1.0  # the rollouts' sampling temperature; log-probs are log_softmax(logits / temperature)
     adv_eps: float = 1e-6  # added to the group std
     micro_batch_size: int = 4  # sequences per forward/backward pass
+    # sharded training: free each layer's gathered parameters after its forward (True: least memory, one
+    # all-gather per layer per pass) or keep them gathered through the step (False: one all-gather and one
+    # reduce-scatter per layer per step; the whole model's parameters are resident meanwhile)
+    reshard_after_forward: bool = True
     max_grad_norm: float | None = 1.0  # global gradient-norm clip; None: no clipping
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter and optimizer dtype
     device: str = "cpu"  # torch device of this rank, e.g. "cuda:0"
@@ -252,7 +256,8 @@ class GRPOTrainer:
         self.model.train()
         self.process_group = process_group
         if process_group is not None:
-            sharding.shard_model(self.model, process_group, config.device)
+            sharding.shard_model(self.model, process_group, config.device,
+                                 reshard_after_forward=config.reshard_after_forward)
         self.is_sharded = sharding.is_sharded(self.model)
         self._freed: dict[int, int] = {}  # id(param) -> storage bytes of a released sharded chunk
         self._evaluation_model: torch.nn.Module | None = None
@@ -534,9 +539,12 @@ class GRPOTrainer:
                        pad_token_id=self.config.pad_token_id, device=self.config.device)
 
     def _sync_context(self, *, is_last: bool, backward: bool) -> Any:
-        """Gradients are reduce-scattered after the last micro-batch only (earlier ones accumulate)."""
+        """Gradients are reduce-scattered after the last micro-batch only (earlier ones accumulate); without
+        ``reshard_after_forward`` the gathered parameters also stay until then."""
         if backward and self.is_sharded:
             self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
+            if not self.config.reshard_after_forward:
+                self.model.set_reshard_after_backward(is_last)  # type: ignore[operator]
         return contextlib.nullcontext()
 
     def _world_size(self) -> int:

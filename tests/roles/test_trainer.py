@@ -420,14 +420,15 @@ def _sharded_batch(step: int) -> GRPOBatch:
 _SHARDED_CONFIG = {"lr": 1e-3, "micro_batch_size": 2, "behaviour_weight_cap": 1.3}
 
 
-def _sharded_rank(rank: int, port: int, out: str) -> None:
+def _sharded_rank(rank: int, port: int, out: str, reshard_after_forward: bool) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
     group = dist.new_group([0, 1], backend="gloo")
     trainer = None
     try:
         # rank 1 builds other weights: sharding starts every rank from rank 0's
-        trainer = GRPOTrainer(_model(seed=rank), TrainerConfig(**_SHARDED_CONFIG), process_group=group)
+        config = TrainerConfig(**_SHARDED_CONFIG, reshard_after_forward=reshard_after_forward)
+        trainer = GRPOTrainer(_model(seed=rank), config, process_group=group)
         stats = [asdict(trainer.step(_share(_sharded_batch(0), rank)))]
         assert trainer.parallelism == Parallelism(dp=2, dp_shard=True)
         full = trainer.state_dict_hf()
@@ -453,13 +454,16 @@ def _sharded_rank(rank: int, port: int, out: str) -> None:
 
 
 @pytest.mark.dist
-def test_two_rank_fsdp_with_straddling_groups_matches_one_process_across_a_shift(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+def test_two_rank_fsdp_with_straddling_groups_matches_one_process_across_a_shift(reshard_after_forward: bool,
+                                                                                   tmp_path: Path) -> None:
     whole = [_sharded_batch(step) for step in range(2)]
     assert set(_share(whole[0], 0).group_ids) & set(_share(whole[0], 1).group_ids)  # a group on both ranks
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=120))  # free port, chosen now
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_sharded_rank, args=(rank, store.port, str(tmp_path))) for rank in range(2)]
+    procs = [ctx.Process(target=_sharded_rank, args=(rank, store.port, str(tmp_path), reshard_after_forward))
+             for rank in range(2)]
     for p in procs:
         p.start()
     try:
