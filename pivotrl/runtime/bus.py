@@ -29,9 +29,13 @@ __all__ = ["ControllerBus", "WorkerBus", "exchange_address"]
 class ControllerBus:
     """The controller's end: ``send(device, msg)``, ``recv(timeout_s) -> [(device, msg)]``."""
 
-    def __init__(self, host: str | None = None, *, send_timeout_s: float = 30.0) -> None:
+    def __init__(self, host: str | None = None, *, send_timeout_s: float = 30.0, connect_timeout_s: float = 300.0
+                 ) -> None:
         host = host or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        self.send_timeout_s = send_timeout_s
+        self.send_timeout_s = send_timeout_s  # a connected worker that stops taking messages
+        self.connect_timeout_s = connect_timeout_s  # a worker's first connection: its start-up (imports, GPS,
+        # data) can take minutes when ranks share few cores; a rank that died ends the job through torchrun
+        self._connected: set[int] = set()
         self._context = zmq.Context()
         self._socket = _socket(self._context, zmq.ROUTER)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown peer raises, never drops
@@ -44,15 +48,17 @@ class ControllerBus:
     def send(self, device: int, msg: Message) -> None:
         """Send ``msg`` to ``device``'s worker; retries while it is not connected yet, up to the timeout."""
         frames = [_identity(device), msg.to_json()]
-        deadline = time.monotonic() + self.send_timeout_s
+        timeout_s = self.send_timeout_s if device in self._connected else self.connect_timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                self._connected.add(device)
                 return
             except zmq.ZMQError as err:
                 if err.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN) or time.monotonic() > deadline:
                     raise TimeoutError(f"ControllerBus: cannot send {msg.kind} to device {device} within "
-                                       f"{self.send_timeout_s}s ({err}); is its worker connected?") from None
+                                       f"{timeout_s}s ({err}); is its worker connected?") from None
                 time.sleep(0.01)
 
     def recv(self, timeout_s: float) -> list[tuple[int, Message]]:

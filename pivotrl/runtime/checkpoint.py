@@ -3,8 +3,9 @@
 A checkpoint after ``step`` trained steps lives in ``<run folder>/checkpoints/step-<step>/``:
 
 - ``policy/``: the policy after those steps (version ``step``), an HF checkpoint folder;
-- ``trainer.pt``: the optimizer state (Adam moments and step counts) and the training ranks' torch RNG
-  state, loaded with ``torch.load(weights_only=True)``;
+- ``trainer-<r>-of-<n>.pt``: training rank r's optimizer state (its FSDP chunks of the Adam moments, the
+  step counts) and its torch RNG state, loaded with ``torch.load(weights_only=True)``; a resumed run
+  trains on the same n devices;
 - ``state.json``: written last by the controller: the step, the policy version, the data cursor (the
   next step: a step's prompts are a function of the seed and the step), the books of the steps before
   (rollouts, judgements, trained sequences and tokens per step) and the time spent so far.

@@ -99,7 +99,7 @@ class WorkerSpec:
     training_device_ids: tuple[int, ...]  # the fixed training device set
     report_interval_s: float = 0.02  # at most this long between Progress reports while tokens flow
     validation: Validation | None = None  # this training device's share of the held-out set (§8.7)
-    trainer_state: str | None = None  # a resumed run: the checkpoint's trainer.pt (optimizer and RNG state)
+    trainer_state: str | None = None  # a resumed run: this rank's trainer-<r>-of-<n>.pt (optimizer chunks, RNG)
 
     def __post_init__(self) -> None:
         if self.device_id < 0:

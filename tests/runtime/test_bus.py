@@ -2,6 +2,7 @@
 input fails with a ValueError naming the kind and field, waits time out, a worker thread talks back."""
 import json
 import threading
+import time
 
 import pytest
 import zmq
@@ -180,8 +181,18 @@ def test_recv_times_out_with_nothing(buses) -> None:
 
 
 def test_send_to_a_device_without_worker_raises() -> None:
-    with ControllerBus(HOST, send_timeout_s=0.1) as controller, pytest.raises(TimeoutError, match="device 7"):
-        controller.send(7, Shutdown())
+    """A worker never seen gets the connect timeout (its start-up); one seen before the send timeout."""
+    with ControllerBus(HOST, send_timeout_s=0.1, connect_timeout_s=0.2) as controller:
+        with pytest.raises(TimeoutError, match="device 7 within 0.2s"):
+            controller.send(7, Shutdown())
+        with WorkerBus(controller.address, 3) as worker:
+            controller.send(3, Shutdown())  # waits for the worker to connect, then it counts as connected
+            assert [m.kind for m in worker.recv(5.0)] == ["Shutdown"]
+        with pytest.raises(TimeoutError, match="device 3 within 0.1s"):  # it left: the short timeout applies
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:  # until the controller notices the disconnection
+                controller.send(3, Shutdown())
+                time.sleep(0.05)
 
 
 def test_worker_thread_owns_its_socket_and_answers() -> None:
