@@ -5,7 +5,7 @@ tp rank, threads bound with ``VLLM_CPU_OMP_THREADS_BIND``), generates greedily, 
 place with another checkpoint's through ``pivotrl.gps.convert.load_into_vllm`` (every worker takes its own
 tp slices), and generates again. References measured in the same run: tp = 1 engines started from each
 checkpoint. Prints the greedy tokens' agreement and the start-up times; ``--json``: one object on the
-last line. Not part of the test suite: a tp = 2 engine takes minutes to start on two busy cores.
+last line. Not part of the test suite (CI time): a tp = 2 engine takes 35 s to minutes to start on two busy cores.
 
 Usage: python benchmarks/tp_engine.py [--json] [--tp 2]
 """
