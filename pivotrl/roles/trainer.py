@@ -46,7 +46,6 @@ references to the group's mesh).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from collections.abc import Mapping, Sequence
@@ -343,12 +342,13 @@ class GRPOTrainer:
             adv = torch.tensor([advantages[i] or 0.0 for i in rows], dtype=torch.float32, device=ids.device)
             behaviour = (proximal[index] if batch.behaviour_logprobs is None
                          else _padded(batch.behaviour_logprobs, rows, response, "behaviour_logprobs"))
-            with self._sync_context(is_last=index == len(micro) - 1, backward=backward):
-                logp = token_logprobs(self.model, ids, attention, temperature=c.temperature)
-                terms = grpo_token_loss(logp, proximal[index], behaviour, adv, mask, clip_eps_low=c.clip_eps_low,
-                                        clip_eps_high=c.clip_eps_high, behaviour_weight_cap=c.behaviour_weight_cap)
-                if backward:
-                    (terms.loss_sum * scale).backward()
+            if backward:
+                self._set_gradient_sync(is_last=index == len(micro) - 1)
+            logp = token_logprobs(self.model, ids, attention, temperature=c.temperature)
+            terms = grpo_token_loss(logp, proximal[index], behaviour, adv, mask, clip_eps_low=c.clip_eps_low,
+                                    clip_eps_high=c.clip_eps_high, behaviour_weight_cap=c.behaviour_weight_cap)
+            if backward:
+                (terms.loss_sum * scale).backward()
             sums += _float64(terms.loss_sum.detach(), terms.num_clipped, terms.weight_sum, terms.num_capped)
             maxima = torch.maximum(maxima, _float64(terms.ratio_max_abs_dev, terms.weight_max))
         sums, maxima = self._all_reduce(sums), self._all_reduce(maxima, dist.ReduceOp.MAX)
@@ -538,14 +538,13 @@ class GRPOTrainer:
         return collate([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows],
                        pad_token_id=self.config.pad_token_id, device=self.config.device)
 
-    def _sync_context(self, *, is_last: bool, backward: bool) -> Any:
+    def _set_gradient_sync(self, *, is_last: bool) -> None:
         """Gradients are reduce-scattered after the last micro-batch only (earlier ones accumulate); without
         ``reshard_after_forward`` the gathered parameters also stay until then."""
-        if backward and self.is_sharded:
+        if self.is_sharded:
             self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
             if not self.config.reshard_after_forward:
                 self.model.set_reshard_after_backward(is_last)  # type: ignore[operator]
-        return contextlib.nullcontext()
 
     def _world_size(self) -> int:
         return 1 if self.process_group is None else dist.get_world_size(self.process_group)
