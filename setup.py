@@ -1,7 +1,7 @@
 """PivotRL: RL post-training with generative reward models and run-time GPU role shifting."""
 from setuptools import find_packages, setup
 
-CORE = ["numpy>=1.26", "scipy>=1.11"]
+CORE = ["numpy>=1.26", "scipy>=1.11", "numba>=0.60"]  # numba: the compiled Dispatch and migration loops (pivotrl.scheduler.slots)
 ROLES = [
     "torch==2.13.0",  # the CPU wheel (2.13.0+cpu) satisfies this; install it first (see Makefile)
     "transformers>=4.51",

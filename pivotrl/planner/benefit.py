@@ -19,7 +19,7 @@ T_current = 0 and so gains; a role the candidate leaves without replicas makes T
 Every candidate is evaluated on per-role simulators built once from the snapshot: the up role's
 throughput after the shift depends only on how many replicas come up (the paper's first pruning
 intuition), so it is simulated once per count, and the donor role's once per distinct shift-down
-set; ``prepare`` hands all counts (sets) of a role to its simulator at once (``lockstep``).
+set; ``prepare`` hands all counts (sets) of a role to its simulator at once.
 Selection: the largest positive benefit; benefits within ``rtol`` of the best count as ties and go
 to the candidate with fewer up-role replicas (so float noise never flips a decision); none
 positive → no shift.
@@ -86,7 +86,7 @@ class CandidateBenefits:
 
     def prepare(self, role: InferenceRole, *, counts: Iterable[int] = (),
                 leaving: Iterable[Sequence[int]] = ()) -> None:
-        """Simulate every count / shift-down set of ``role`` not yet known, all in one lockstep pass."""
+        """Simulate every count / shift-down set of ``role`` not yet known."""
         sim = self.roles[role]
         todo_up = sorted({k for k in counts if k and (role, k) not in self._up})
         for k, thr in zip(todo_up, sim.after_shift_up_many(todo_up) if todo_up else ()):

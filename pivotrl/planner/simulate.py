@@ -5,67 +5,76 @@ on a shift: ``after_shift_down`` is Alg. 3 (abort every sequence of the leaving 
 shared queue, then Dispatch), ``after_shift_up`` is Alg. 4 (Dispatch the queue into the new
 replicas, then to every replica, then, if the queue is empty, repeatedly migrate the shortest
 sequence of the highest-throughput replica to the arg-max ΔT replica while the aggregate
-throughput rises by more than 1e-12 of itself). Both return the role's aggregate throughput after
-the shift. Same throughput model, same ΔT and room tests, same tie-breaking (lowest slot, the
-order replicas joined; queue by seq_id; shortest by (tokens, seq_id)), so the results are those of
-the scheduler run on a copy (``reference.py`` does exactly that, and the tests compare the two).
+throughput rises). Both return the role's aggregate throughput after the shift.
 
-Aggregates are summed over the scheduler's table layout, so results are bit-identical to it.
-Why a separate replay and not scheduler copies: the planner evaluates up to K candidates per
-decision, and a copy rebuilds per-sequence bookkeeping (dicts, sets, action lists) that the
-evaluation never reads. Here the snapshot is turned into slot vectors and sorted sequence lists
-once; the Dispatch phases of all candidates run together (``lockstep``), and the migration loop
-of each count starts from its lockstep row and builds only the heaps of the slots it touches.
+The replay holds the role's replicas in the scheduler's own slot arrays and runs the scheduler's
+own compiled Dispatch and migration (``pivotrl.scheduler.slots``), with the scheduler's headroom
+and queue order: its results are those of the scheduler run on a copy (``reference.py`` does
+exactly that, and the tests compare the two). What it saves is the per-sequence bookkeeping a
+scheduler copy rebuilds (records, actions) and that evaluation never reads: the snapshot's
+sequences are put in queue order and in "shortest" order once, and each candidate copies two
+small arrays.
 
-Invariant: a replay never mutates the base tables; every replay starts from the snapshot.
+Invariant: a replay never mutates the snapshot's arrays; every replay starts from them.
 """
 from __future__ import annotations
 
-import heapq
-import math
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from pivotrl.planner.lockstep import Rows, walk_shift_down, walk_shift_up
 from pivotrl.planner.state import ReplicaState, SequenceInfo
-from pivotrl.scheduler import ThroughputModel
+from pivotrl.scheduler import ThroughputModel, slots
+from pivotrl.scheduler.queue import QueueKey, WaitingSequence
+from pivotrl.scheduler.scheduler import MIGRATION_RTOL
 
 __all__ = ["RoleSimulator"]
 
-_IMPROVEMENT_RTOL = 1e-12  # ShiftAwareScheduler's migration threshold
-
 
 class RoleSimulator:
-    """Slot tables of one role (existing replicas, then ``max_new`` not-yet-started slots)."""
+    """Slot arrays of one role: existing replicas, then ``max_new`` not-yet-started slots."""
 
     def __init__(self, replicas: Sequence[ReplicaState], waiting: Sequence[SequenceInfo], *,
                  new_model: ThroughputModel, new_kv_capacity_tokens: int, max_new: int = 0,
-                 migrate: bool = True, restart_aborted: bool = False) -> None:
+                 migrate: bool = True, restart_aborted: bool = False, headroom_tokens: int = 0,
+                 queue_key: QueueKey | None = None) -> None:
+        if headroom_tokens < 0:
+            raise ValueError(f"RoleSimulator: headroom_tokens must be >= 0, got {headroom_tokens}")
         self.migrate, self.restart_aborted = migrate, restart_aborted
+        self.headroom = float(headroom_tokens)
         self.slot_of = {r.replica_id: i for i, r in enumerate(replicas)}
-        size = _table_size(len(replicas) + max_new)
-        models = [r.model for r in replicas] + [new_model] * max_new
-        self._A, self._B, self._C, self._D = ([getattr(m, k) for m in models] for k in "ABCD")
-        self._cap = [r.kv_capacity_tokens for r in replicas] + [new_kv_capacity_tokens] * max_new
-        self._seqs = [sorted((s.num_tokens, s.seq_id, s.prompt_tokens) for s in r.sequences) for r in replicas]
-        self._seqs += [[] for _ in range(max_new)]
-        self._n = [len(s) for s in self._seqs]
-        self._t = [sum(x[0] for x in s) for s in self._seqs]
-        self.waiting = sorted((s.seq_id, s.num_tokens, s.prompt_tokens) for s in waiting)
         self.num_existing, self.max_new = len(replicas), max_new
-        self.num_seqs = sum(self._n) + len(self.waiting)
-        self.vA, self.vB, self.vC, self.vD, self.vcap = (np.full(size, fill) for fill in (0.0, 1.0, 0.0, 0.0, -np.inf))
-        for vec, values in ((self.vA, self._A), (self.vB, self._B), (self.vC, self._C), (self.vD, self._D),
-                            (self.vcap, self._cap)):
-            vec[: len(values)] = values
-        self.coef = list(zip(self._A, self._B, self._C, self._D))  # per slot (A, B, C, D) as Python floats
-        # one A for every slot (one model per role, the usual case): ΔT needs one vector op less
-        self.a_uniform: float | None = self._A[0] if self._A and len(set(self._A)) == 1 else None
-        self._start = _Run.empty(self, size)
-        for slot in range(len(replicas)):
-            self._set(self._start, None, slot, self._n[slot], self._t[slot])
-        self.throughput = self._aggregate(self._start, len(replicas))  # current aggregate throughput (tokens/s)
+        self.consts, self.state = slots.new_arrays(len(replicas) + max_new)
+        models = [(r.model, r.kv_capacity_tokens) for r in replicas] + [(new_model, new_kv_capacity_tokens)] * max_new
+        for s, (m, cap) in enumerate(models):
+            self.consts[:, s] = (m.A, m.B, m.C, m.D, cap)
+        self._index_sequences(replicas, waiting, queue_key)
+        for s, r in enumerate(replicas):
+            on = self._slot == s
+            slots.set_slot(self.consts, self.state, self.headroom, s, float(on.sum()), float(self._tokens[on].sum()))
+        self.num_seqs = len(self._slot)
+        self.throughput = slots.total_throughput(self.state)  # current aggregate throughput (tokens/s)
+
+    def _index_sequences(self, replicas: Sequence[ReplicaState], waiting: Sequence[SequenceInfo],
+                         queue_key: QueueKey | None) -> None:
+        """Every live sequence once: its slot (-1: waiting), its tokens, its place in queue order as it
+        waits or would wait once aborted, and its rank in the "shortest" order (tokens, seq_id)."""
+        seqs: list[WaitingSequence] = [s for r in replicas for s in r.sequences] + list(waiting)
+        self._slot = np.array([s for s, r in enumerate(replicas) for _ in r.sequences] + [-1] * len(waiting),
+                              dtype=np.int64)
+        self._tokens = np.array([s.num_tokens for s in seqs], dtype=np.float64)
+        ids = np.array([s.seq_id for s in seqs], dtype=np.int64)
+        queued = [s if slot < 0 or not self.restart_aborted else s._replace(generated_tokens=0)
+                  for s, slot in zip(seqs, self._slot.tolist())]
+        self._queued_tokens = np.array([s.num_tokens for s in queued], dtype=np.float64)
+        if queue_key is None:  # the scheduler's default order: ascending seq_id
+            self._queue_order = np.argsort(ids, kind="stable")
+        else:
+            self._queue_order = np.array(sorted(range(len(queued)), key=lambda i: (queue_key(queued[i]), int(ids[i]))),
+                                         dtype=np.int64)
+        self._shortest_order = np.lexsort((ids, self._tokens))
+        self._rank_of = np.empty(len(seqs), dtype=np.int64)
+        self._rank_of[self._shortest_order] = np.arange(len(seqs))
 
     # ------------------------------------------------------------------ replays
     def after_shift_down(self, replica_ids: Iterable[int]) -> float:
@@ -77,159 +86,46 @@ class RoleSimulator:
         return self.after_shift_up_many([num_new])[0]
 
     def after_shift_down_many(self, leaving: Sequence[Sequence[int]]) -> list[float]:
-        """``after_shift_down`` for each set of replica ids, replayed in lockstep."""
-        rows = walk_shift_down(self, self._start, [[self.slot_of[rid] for rid in ids] for ids in leaving])
-        size = _table_size(self.num_existing)
-        return [float(rows.T[r, :size].sum()) for r in range(len(leaving))]
+        """``after_shift_down`` for each set of replica ids."""
+        slot_in_queue = self._slot[self._queue_order]
+        out = []
+        for ids in leaving:
+            gone = np.zeros(self.state.shape[1], dtype=bool)
+            gone[[self.slot_of[rid] for rid in ids]] = True
+            # the slots that stay, in slot order: a removed slot could take nothing and adds 0.0 to Σ T,
+            # so leaving it out changes no arg-max, tie or sum
+            consts, state = self.consts[:, ~gone], self.state[:, ~gone]
+            stream = self._queue_order[(slot_in_queue < 0) | gone[slot_in_queue]]
+            tokens = self._queued_tokens[stream]
+            slots.dispatch(consts, state, self.headroom, np.ones(state.shape[1], dtype=bool), tokens,
+                           np.empty(len(tokens), np.int64))
+            out.append(slots.total_throughput(state))
+        return out
 
     def after_shift_up_many(self, counts: Sequence[int]) -> list[float]:
-        """``after_shift_up`` for each count, Dispatch phases in lockstep, then migration per count."""
+        """``after_shift_up`` for each count."""
         for k in counts:
             if not 0 <= k <= self.max_new:
                 raise ValueError(f"after_shift_up: num_new must be in [0, {self.max_new}], got {k}")
-        rows, drained, placed = walk_shift_up(self, self._start, counts)
-        out = []
-        for r, k in enumerate(counts):
-            hi = self.num_existing + k
-            if drained[r] and self.migrate:
-                run = _Run.from_row(self, rows, r, placed[r])
-                self._migrate(run, hi)
-                out.append(self._aggregate(run, hi))
-            else:
-                out.append(float(rows.T[r, :_table_size(hi)].sum()))
-        return out
+        waiting = self._queue_order[self._slot[self._queue_order] < 0]
+        tokens = self._queued_tokens[waiting]
+        return [self._shift_up(k, waiting, tokens) for k in counts]
 
-    def cap_of(self, slot: int) -> int:
-        return self._cap[slot]
-
-    def waiting_stream(self) -> list[tuple[int, int, int]]:
-        """The shared queue as (seq_id, tokens, -1) in queue order."""
-        return [(seq_id, tokens, -1) for seq_id, tokens, _ in self.waiting]
-
-    def aborted(self, slot: int) -> list[tuple[int, int, int]]:
-        """The sequences of ``slot`` as Abort returns them to the queue: (seq_id, tokens, slot)."""
-        restart = self.restart_aborted
-        return [(seq_id, prompt if restart else tokens, slot) for tokens, seq_id, prompt in self._seqs[slot]]
-
-    def _migrate(self, run: "_Run", num_slots: int) -> None:
-        """Alg. 4's loop: move the max-T replica's shortest sequence to the arg-max ΔT replica while ΣT
-        rises by more than 1e-12 of itself (ShiftAwareScheduler._migrate / _try_migrate_shortest).
-
-        One function with the slot updates inlined: this loop is most of a decision's time when a
-        role with many small replicas shifts up. ``T_py`` mirrors ``run.T`` in Python floats for
-        the lazy max-heap; ΣT for the threshold is tracked and summed exactly only near the edge.
-        """
-        T, base, n1, free, n, t = run.T, run.base, run.n1, run.free, run.n, run.t
-        a_uniform, seqs = self.a_uniform, run.seqs
-        T_py = T.tolist()
-        heap = [(-T_py[s], s, T_py[s]) for s in range(num_slots) if free[s] > -np.inf]
-        heapq.heapify(heap)
-        total = float(T.sum())
-        pop, push = heapq.heappop, heapq.heappush
-        for _ in range(sum(n) + 1):
-            while heap:  # the current max T (lowest slot on ties); stale entries are skipped
-                _, src, value = pop(heap)
-                if value == T_py[src]:
-                    break
-            else:
-                return
-            if n[src] == 0:
-                return
-            before = T_py[src]
-            seq = pop(seqs(src))
-            tokens = seq[0]
-            t_src = self._set(run, T_py, src, n[src] - 1, t[src] - tokens if n[src] > 1 else 0)
-            gain = base + a_uniform * tokens if a_uniform is not None else self.vA * tokens + base
-            np.divide(n1, gain, gain)
-            np.subtract(gain, T, gain)
-            dst = int(gain.argmax())
-            if not free[dst] >= tokens:  # the unconstrained arg-max has room in the usual case
-                gain[free < tokens] = -np.inf
-                dst = int(gain.argmax())
-            best = float(gain[dst])
-            improvement = best - (before - t_src)
-            moves = dst != src and math.isfinite(best) and (
-                improvement > _IMPROVEMENT_RTOL * total * (1 + 1e-6)
-                or improvement > _IMPROVEMENT_RTOL * max(float(T.sum()), 1e-300))
-            target = dst if moves else src  # a refused move restores the sequence where it was
-            push(seqs(target), seq)
-            t_dst = self._set(run, T_py, target, n[target] + 1, t[target] + tokens)
-            if not moves:
-                return
-            total += improvement
-            push(heap, (-t_src, src, t_src))
-            push(heap, (-t_dst, dst, t_dst))
-
-    def _set(self, run: "_Run", T_py: list[float] | None, slot: int, n: int, t: int) -> float:
-        """Give ``slot`` (n, t) and refresh its ΔT terms and T (ReplicaTable.change/refresh); returns T."""
-        A, B, C, D = self.coef[slot]
-        n1 = n + 1
-        value = n / (A * t + max(B, C * n) + D) if n else 0.0
-        run.n[slot], run.t[slot] = n, t
-        run.n1[slot] = n1
-        run.base[slot] = A * t + max(B, C * n1) + D
-        run.T[slot] = value
-        run.free[slot] = self._cap[slot] - t - 0.0 * n1
-        if T_py is not None:
-            T_py[slot] = value
-        return value
-
-    @staticmethod
-    def _aggregate(run: "_Run", num_slots: int) -> float:
-        """Σ T over the scheduler's table layout (same length, so the same float sum)."""
-        return float(run.T[: _table_size(num_slots)].sum())
-
-    # ------------------------------------------------------------------ slot bookkeeping
-class _Run:
-    """Mutable state of one replay: slot vectors and counters, sequence heaps built on first use."""
-
-    __slots__ = ("owner", "n", "t", "n1", "base", "T", "free", "total", "_heaps", "_placed")
-
-    @classmethod
-    def empty(cls, owner: RoleSimulator, size: int) -> "_Run":
-        """The snapshot's state before any slot is refreshed (not-started slots look removed)."""
-        run = cls.__new__(cls)
-        run.owner, run._heaps, run._placed = owner, {}, None
-        run.n, run.t = list(owner._n), list(owner._t)
-        run.n1, run.T = np.zeros(size), np.zeros(size)
-        run.base, run.free = np.ones(size), np.full(size, -np.inf)
-        return run
-
-    @classmethod
-    def from_row(cls, owner: RoleSimulator, rows: Rows, r: int, placed: np.ndarray) -> "_Run":
-        """Replay state of lockstep row ``r``; ``placed[i]``: the slot queue entry i went to (-1: none)."""
-        run = cls.__new__(cls)
-        run.owner, run._heaps, run._placed = owner, {}, placed
-        m = rows.m[:, r]
-        run.n, run.t = m[0].astype(np.int64).tolist(), m[1].astype(np.int64).tolist()
-        run.n1, run.base, run.T, run.free = (m[i].copy() for i in range(2, 6))
-        return run
-
-    def seqs(self, slot: int) -> list[tuple[int, int, int]]:
-        """The slot's sequences as a (tokens, seq_id, prompt) min-heap, built on first use."""
-        heap = self._heaps.get(slot)
-        if heap is None:
-            heap = list(self.owner._seqs[slot]) if slot < len(self.owner._seqs) else []
-            if self._placed is not None:
-                waiting = self.owner.waiting
-                heap += [(waiting[i][1], waiting[i][0], waiting[i][2]) for i in np.flatnonzero(self._placed == slot)]
-                heapq.heapify(heap)
-            self._heaps[slot] = heap
-        return heap
-
-
-def _table_size(num_slots: int) -> int:
-    """Length of the scheduler's slot arrays holding ``num_slots`` replicas (8, doubled as needed)."""
-    size = 8
-    while size < num_slots:
-        size *= 2
-    return size
-
-
-def _pop_max(heap: list[tuple[float, int, float]], T: np.ndarray) -> int | None:
-    """The slot of the largest current T (lowest slot on ties), skipping stale heap entries."""
-    while heap:
-        _, slot, value = heapq.heappop(heap)
-        if value == T[slot]:
-            return slot
-    return None
+    def _shift_up(self, k: int, waiting: np.ndarray, tokens: np.ndarray) -> float:
+        lo, hi = self.num_existing, self.num_existing + k
+        # the first ``hi`` slots: the others stay empty, take nothing and add 0.0 to Σ T
+        consts, state = np.ascontiguousarray(self.consts[:, :hi]), self.state[:, :hi].copy()
+        for s in range(lo, hi):
+            slots.set_slot(consts, state, self.headroom, s, 0.0, 0.0)
+        new_only = np.zeros(hi, dtype=bool)
+        new_only[lo:] = True
+        placed = np.full(len(tokens), -1, dtype=np.int64)
+        done = slots.dispatch(consts, state, self.headroom, new_only, tokens, placed)
+        done += slots.dispatch(consts, state, self.headroom, np.ones(hi, dtype=bool), tokens[done:], placed[done:])
+        if done == len(tokens) and self.migrate:
+            owner = np.empty(self.num_seqs, dtype=np.int64)
+            owner[self._rank_of] = self._slot
+            owner[self._rank_of[waiting]] = placed
+            slots.migrate(consts, state, self.headroom, self._tokens[self._shortest_order], owner,
+                          MIGRATION_RTOL, np.empty((self.num_seqs + 1, 3), np.int64))
+        return slots.total_throughput(state)

@@ -1,6 +1,7 @@
 """Shift-aware scheduler (paper §6, App. A, C): throughput model, shared queue, migration.
 
-Pure core: imports only the standard library, numpy and scipy.
+Pure core: imports only the standard library, numpy, scipy and numba (``slots``: the compiled
+Dispatch and migration loops, shared with the planner's replay).
 """
 from pivotrl.scheduler.queue import QueueKey, WaitingQueue, WaitingSequence
 from pivotrl.scheduler.replicas import ReplicaView

@@ -68,6 +68,27 @@ class WaitingQueue:
         self._ids.discard(seq_id)
         return seq
 
+    def head(self, limit: int) -> list[WaitingSequence]:
+        """The first ``limit`` sequences in queue order, left in the queue.
+
+        A long head sorts the heap in place (a sorted list is a heap), so that ``pop_head`` of it
+        is a slice.
+        """
+        if limit * 4 >= len(self._heap):
+            self._heap.sort()  # (key, seq_id) pairs are unique: sequences are never compared
+            return [item[2] for item in self._heap[:limit]]
+        return [item[2] for item in heapq.nsmallest(limit, self._heap)]
+
+    def pop_head(self, count: int) -> list[WaitingSequence]:
+        """Remove and return the first ``count`` sequences in queue order."""
+        if count * 4 >= len(self._heap):
+            self._heap.sort()
+            taken, self._heap = self._heap[:count], self._heap[count:]
+        else:
+            taken = [heapq.heappop(self._heap) for _ in range(count)]
+        self._ids.difference_update(item[1] for item in taken)
+        return [item[2] for item in taken]
+
     def __len__(self) -> int:
         return len(self._heap)
 

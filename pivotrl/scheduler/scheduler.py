@@ -16,25 +16,30 @@ Invariants (``check_invariants`` asserts them):
     real engine, which then preempts;
   * replica counters and throughputs match the sequences they hold.
 
-Complexity (App. C.2): Dispatch is O(I) per sequence (vectorized over replicas), shift down
-O(I·N), shift up O(I·N + I log I) with a lazily updated max-heap over replica throughputs.
+Complexity (App. C.2): Dispatch is O(I) per sequence, shift down O(I·N), shift up O(I·N) per
+migration; the loops over sequences and migrations run compiled (``slots``), and the bookkeeping
+of a whole Dispatch is a few array operations (``running``).
 """
 from __future__ import annotations
 
-import heapq
+import functools
+import gc
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Literal, NamedTuple, Sequence
+from typing import Callable, Hashable, Iterable, Literal, NamedTuple, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 
+from pivotrl.scheduler import slots
 from pivotrl.scheduler.queue import QueueKey, WaitingQueue, WaitingSequence
 from pivotrl.scheduler.replicas import ReplicaTable, ReplicaView
+from pivotrl.scheduler.running import RunningSequences
 from pivotrl.scheduler.throughput import ThroughputModel
 
-__all__ = ["ShiftAwareScheduler", "Dispatch", "Abort", "Action", "ReplicaSpec"]
+__all__ = ["ShiftAwareScheduler", "Dispatch", "Abort", "Action", "ReplicaSpec", "MIGRATION_RTOL"]
 
 ReplicaId = Hashable
-_IMPROVEMENT_RTOL = 1e-12  # a migration must raise aggregate throughput by more than this fraction
+MIGRATION_RTOL = 1e-12  # a migration must raise aggregate throughput by more than this fraction
+_INT64 = (-(2 ** 63), 2 ** 63)
 
 
 class Dispatch(NamedTuple):
@@ -65,16 +70,41 @@ class ReplicaSpec:
     kv_capacity_tokens: int
 
 
+_P, _R = ParamSpec("_P"), TypeVar("_R")
+
+
+def _collector_paused(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``method`` with CPython's cyclic garbage collector paused.
+
+    A Dispatch or shift of tens of thousands of sequences allocates an action and a queue entry per
+    sequence; those allocations trigger collections that walk every tracked object of the process
+    (a full one costs more than the Dispatch itself: 166 vs 70 ms for 32768 sequences on 1024
+    replicas in ``benchmarks/scheduler.py``). None of these objects can form a cycle, and the
+    collector runs as before once the call returns.
+    """
+    @functools.wraps(method)
+    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not gc.isenabled():
+            return method(*args, **kwargs)
+        gc.disable()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
+
+
 class ShiftAwareScheduler:
     """Shared queue + throughput-model dispatch + shift-time migration for one role's replicas."""
 
     def __init__(self, *, queue_key: QueueKey | None = None, headroom_tokens: int = 0) -> None:
-        if headroom_tokens < 0:
-            raise ValueError(f"headroom_tokens must be >= 0, got {headroom_tokens}")
+        if isinstance(headroom_tokens, bool) or not isinstance(headroom_tokens, (int, np.integer)) \
+                or headroom_tokens < 0:
+            raise ValueError(f"headroom_tokens must be an integer >= 0, got {headroom_tokens!r}")
+        self.queue_key, self.headroom_tokens = queue_key, int(headroom_tokens)
         self.queue = WaitingQueue(queue_key)
         self._table = ReplicaTable(headroom_tokens)
-        self._running: dict[int, list[int]] = {}  # seq_id -> [slot, prompt_tokens, gen_offset, stamp]
-        self._stamp = 0
+        self._running = RunningSequences()
 
     # ------------------------------------------------------------------ replicas
     def add_replica(self, replica_id: ReplicaId, model: ThroughputModel, kv_capacity_tokens: int) -> None:
@@ -95,9 +125,9 @@ class ShiftAwareScheduler:
         return self._table.view(replica_id)
 
     def sequences_on(self, replica_id: ReplicaId) -> list[WaitingSequence]:
+        """The replica's running sequences by ascending seq_id."""
         self._known(replica_id)
-        slot = self._table.slot_of[replica_id]
-        return [self._snapshot(seq_id) for seq_id in sorted(self._table.members[slot])]
+        return self._snapshots(self._running.rows_on(self._table.slot_of[replica_id]))
 
     def aggregate_throughput(self) -> float:
         """Sum of the replicas' estimated throughputs (tokens/s)."""
@@ -109,8 +139,9 @@ class ShiftAwareScheduler:
 
     def where(self, seq_id: int) -> ReplicaId | None:
         """The replica running ``seq_id``, or None if it waits (KeyError if unknown)."""
-        if seq_id in self._running:
-            return self._table.ids[self._running[seq_id][0]]
+        row = self._running.row_of.get(seq_id)
+        if row is not None:
+            return self._table.ids[int(self._running.slot[row])]
         if seq_id in self.queue:
             return None
         raise KeyError(f"unknown seq_id {seq_id}")
@@ -128,7 +159,7 @@ class ShiftAwareScheduler:
         """
         self._known(replica_id)
         seq = self._new_sequence(seq_id, prompt_tokens, generated_tokens)
-        self._attach(seq, self._table.slot_of[replica_id], check_capacity=False)
+        self._attach(seq, self._table.slot_of[replica_id])
 
     def advance(self, replica_id: ReplicaId, num_iterations: int = 1) -> None:
         """Every sequence on the replica generated ``num_iterations`` more tokens (O(1))."""
@@ -137,22 +168,20 @@ class ShiftAwareScheduler:
             raise ValueError(f"advance: num_iterations must be an integer >= 0, got {num_iterations!r}")
         slot = self._table.slot_of[replica_id]
         self._table.iteration[slot] += num_iterations
-        self._table.change(slot, 0, num_iterations * self._table.n[slot])
+        self._table.change(slot, 0, num_iterations * self._table.n(slot))
 
     def set_generated(self, seq_id: int, generated_tokens: int) -> None:
         """Record the exact generated-token count an engine reported for a running sequence."""
-        rec = self._running_record(seq_id)
+        row = self._running_row(seq_id)
         if isinstance(generated_tokens, bool) or not isinstance(generated_tokens, (int, np.integer)) \
                 or generated_tokens < 0:
             raise ValueError(f"set_generated: seq {seq_id}: generated_tokens must be an integer >= 0, "
                              f"got {generated_tokens!r}")
-        slot = rec[0]
-        new_offset = generated_tokens - self._table.iteration[slot]
-        self._table.change(slot, 0, new_offset - rec[2])
-        rec[2] = new_offset
-        self._stamp += 1
-        rec[3] = self._stamp
-        self._table.push_shortest(slot, rec[1] + new_offset, seq_id, self._stamp)
+        run = self._running
+        slot = int(run.slot[row])
+        new_offset = int(generated_tokens) - int(self._table.iteration[slot])
+        self._table.change(slot, 0, new_offset - int(run.offset[row]))
+        run.offset[row] = new_offset
 
     def cancel(self, seq_id: int) -> tuple[ReplicaId | None, WaitingSequence]:
         """Forget a live sequence wherever it is (its generation ended elsewhere); returns the replica it
@@ -164,51 +193,57 @@ class ShiftAwareScheduler:
 
     def finish(self, seq_id: int) -> WaitingSequence:
         """A running sequence completed: free its replica share. Returns its final state."""
-        self._running_record(seq_id)
-        snap = self._snapshot(seq_id)
-        self._detach(seq_id)
+        snap = self._snapshots([self._running_row(seq_id)])[0]
+        self._detach(snap)
         return snap
 
     # ------------------------------------------------------------------ Alg. 2
+    @_collector_paused
     def dispatch(self, replica_ids: Iterable[ReplicaId] | None = None, max_seqs: int | None = None) -> list[Action]:
         """Dispatch(Q, R): pop the queue head to the arg-max ΔT replica until the head fits nowhere.
 
         ``replica_ids`` restricts R (default: every replica); ``max_seqs`` stops after that many.
         Ties in ΔT go to the replica registered in the lowest free slot (deterministic).
         """
-        mask = self._mask(replica_ids)
-        queue, ids, best_slot = self.queue, self._table.ids, self._table.best_slot
-        actions: list[Action] = []
-        for _ in range(len(queue) if max_seqs is None else min(max_seqs, len(queue))):
-            head = queue.peek()
-            slot = best_slot(head.prompt_tokens + head.generated_tokens, mask)
-            if slot is None:
-                break  # the head fits nowhere: it waits at the head of the queue
-            queue.pop()
-            self._attach(head, slot)
-            actions.append(Dispatch(head.seq_id, ids[slot], head.generated_tokens))
-        return actions
+        table = self._table
+        allowed = self._mask(replica_ids)
+        limit = len(self.queue) if max_seqs is None else max(0, min(max_seqs, len(self.queue)))
+        if not limit:
+            return []
+        heads = self.queue.head(limit)
+        tokens = np.fromiter((s.prompt_tokens + s.generated_tokens for s in heads), np.float64, len(heads))
+        placed = np.empty(len(heads), dtype=np.int64)
+        count = slots.dispatch(table.consts, table.state, table.headroom, allowed, tokens, placed)
+        heads = self.queue.pop_head(count)
+        placed = placed[:count]
+        seq_ids = [s.seq_id for s in heads]
+        generated = np.fromiter((s.generated_tokens for s in heads), np.int64, count)
+        self._running.add(seq_ids, placed, tokens[:count].astype(np.int64) - generated,
+                          generated - table.iteration[placed])
+        ids = table.ids
+        return [Dispatch(sid, ids[slot], gen) for sid, slot, gen in zip(seq_ids, placed.tolist(), generated.tolist())]
 
     def abort(self, replica_id: ReplicaId, which: Literal["all", "shortest"] = "all") -> list[Action]:
         """Abort(r, d, Q): return all (or the shortest) sequences of a replica to the queue."""
         if which not in ("all", "shortest"):
             raise ValueError(f"abort: which must be 'all' or 'shortest', got {which!r}")
         self._known(replica_id)
-        slot = self._table.slot_of[replica_id]
-        if which == "all":
-            victims = sorted(self._table.members[slot])
-        else:
-            shortest = self._peek_shortest(slot)
-            victims = [] if shortest is None else [shortest]
-        actions: list[Action] = []
-        for seq_id in victims:
-            snap = self._snapshot(seq_id)
-            self._detach(seq_id)
-            self.queue.push(snap)
-            actions.append(Abort(seq_id, replica_id, snap.generated_tokens))
-        return actions
+        return self._abort(replica_id, which, restart=False)
+
+    def _abort(self, replica_id: ReplicaId, which: Literal["all", "shortest"], restart: bool) -> list[Action]:
+        rows = self._running.rows_on(self._table.slot_of[replica_id])
+        if which == "shortest" and len(rows):
+            rows = rows[[int(np.lexsort((self._running.seq_id[rows], self._running.prompt[rows]
+                                         + self._running.offset[rows]))[0])]]
+        snaps = self._snapshots(rows)
+        self._running.remove([s.seq_id for s in snaps])
+        self._table.change(self._table.slot_of[replica_id], -len(snaps), -sum(s.num_tokens for s in snaps))
+        for snap in snaps:
+            self.queue.push(snap._replace(generated_tokens=0) if restart else snap)
+        return [Abort(s.seq_id, replica_id, s.generated_tokens) for s in snaps]
 
     # ------------------------------------------------------------------ Alg. 3 and Alg. 4
+    @_collector_paused
     def shift_down(self, replica_ids: Sequence[ReplicaId], *, migrate: bool = True) -> list[Action]:
         """ShiftDownMigration: abort everything on the leaving replicas, remove them, re-dispatch.
 
@@ -219,17 +254,13 @@ class ShiftAwareScheduler:
             raise ValueError(f"shift_down: replica ids must be distinct, got {list(replica_ids)}")
         for rid in replica_ids:
             self._known(rid)
-        actions: list[Action] = []
+        aborts: list[Action] = []
         for rid in replica_ids:
-            aborted = self.abort(rid, "all")
-            if not migrate:
-                for act in aborted:
-                    seq = self.queue.remove(act.seq_id)
-                    self.queue.push(WaitingSequence(seq.seq_id, seq.prompt_tokens, 0))
-            actions += aborted
+            aborts += self._abort(rid, "all", restart=not migrate)
             self._table.remove(rid)
-        return _net(actions + self.dispatch())
+        return aborts + self.dispatch()  # each sequence moves once, to a replica that stays: nothing to net
 
+    @_collector_paused
     def shift_up(self, replicas: Sequence[ReplicaSpec], *, migrate: bool = True) -> list[Action]:
         """ShiftUpMigration: drain the queue into the new replicas, then (with ``migrate``) migrate
         while T improves; without it the new replicas only take waiting sequences."""
@@ -243,136 +274,106 @@ class ShiftAwareScheduler:
         actions = self.dispatch(ids)
         actions += self.dispatch()  # sequences the new replicas could not take may fit elsewhere
         if len(self.queue) or not migrate:
-            return _net(actions)  # capacity is exhausted: migration would only reshuffle a full role
+            return actions  # capacity is exhausted: migration would only reshuffle a full role
         return _net(actions + self._migrate())
 
     def _migrate(self) -> list[Action]:
-        table = self._table
-        heap = [(-table.T[s], s, table.T[s]) for s in table.slot_of.values()]
-        heapq.heapify(heap)
+        """Alg. 4's loop (``slots.migrate``: at most N_seq + 1 moves, App. C.2), then the records."""
+        table, run = self._table, self._running
+        rows = run.live_rows()
+        slot = run.slot[rows]
+        tokens = run.prompt[rows] + run.offset[rows] + table.iteration[slot]
+        order = np.lexsort((run.seq_id[rows], tokens))  # "shortest": fewest tokens, then lowest seq_id
+        owner = slot[order]
+        moves = np.empty((len(rows) + 1, 3), dtype=np.int64)
+        count = slots.migrate(table.consts, table.state, table.headroom, tokens[order].astype(np.float64), owner,
+                              MIGRATION_RTOL, moves)
         actions: list[Action] = []
-        for _ in range(len(self._running) + 1):  # App. C.2: at most N_seq migrations
-            src = self._pop_max(heap)
-            if src is None:
-                break
-            move = self._try_migrate_shortest(src)
-            if move is None:
-                break
-            actions += move
-            dst = table.slot_of[move[1].replica_id]
-            heapq.heappush(heap, (-table.T[src], src, table.T[src]))
-            heapq.heappush(heap, (-table.T[dst], dst, table.T[dst]))
+        for rank, src, dst in moves[:count].tolist():
+            row = int(rows[order[rank]])
+            generated = int(tokens[order[rank]] - run.prompt[row])
+            run.slot[row], run.offset[row] = dst, generated - int(table.iteration[dst])
+            seq_id = int(run.seq_id[row])
+            actions += [Abort(seq_id, table.ids[src], generated), Dispatch(seq_id, table.ids[dst], generated)]
         return actions
-
-    def _pop_max(self, heap: list[tuple[float, int, float]]) -> int | None:
-        while heap:
-            _, slot, value = heapq.heappop(heap)
-            if self._table.ids[slot] is not None and value == self._table.T[slot]:
-                return slot
-        return None
-
-    def _try_migrate_shortest(self, src: int) -> list[Action] | None:
-        """Move src's shortest sequence to the best other replica iff aggregate T strictly rises."""
-        table = self._table
-        seq_id = self._peek_shortest(src)
-        if seq_id is None:
-            return None
-        before = table.T[src]
-        snap = self._snapshot(seq_id)
-        self._detach(seq_id)
-        gains = table.gains(snap.num_tokens)
-        dst = int(gains.argmax())
-        improvement = gains[dst] - (before - table.T[src])
-        scale = max(table.aggregate_throughput(), 1e-300)
-        if dst == src or not np.isfinite(gains[dst]) or improvement <= _IMPROVEMENT_RTOL * scale:
-            self._attach(snap, src, check_capacity=False)  # restore the state it just left
-            return None
-        self._attach(snap, dst)
-        return [Abort(seq_id, table.ids[src], snap.generated_tokens),
-                Dispatch(seq_id, table.ids[dst], snap.generated_tokens)]
 
     # ------------------------------------------------------------------ helpers
     def _new_sequence(self, seq_id: int, prompt_tokens: int, generated_tokens: int) -> WaitingSequence:
         """A validated sequence that is not live yet."""
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)) or not _INT64[0] <= seq_id < _INT64[1]:
+            raise ValueError(f"seq_id must be a 64-bit integer, got {seq_id!r}")
         if seq_id in self._running or seq_id in self.queue:
             raise ValueError(f"seq_id {seq_id} is already live")
         if prompt_tokens <= 0 or generated_tokens < 0:
             raise ValueError(f"seq {seq_id}: prompt_tokens must be > 0 and generated_tokens >= 0")
-        return WaitingSequence(seq_id=seq_id, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens)
+        return WaitingSequence(seq_id=int(seq_id), prompt_tokens=int(prompt_tokens),
+                               generated_tokens=int(generated_tokens))
 
-    def _running_record(self, seq_id: int) -> list[int]:
-        if seq_id not in self._running:
+    def _running_row(self, seq_id: int) -> int:
+        row = self._running.row_of.get(seq_id)
+        if row is None:
             state = "waits in the queue" if seq_id in self.queue else "is unknown"
             raise KeyError(f"seq {seq_id} is not running (it {state})")
-        return self._running[seq_id]
+        return row
 
     def _known(self, replica_id: ReplicaId) -> bool:
         if replica_id not in self._table.slot_of:
             raise KeyError(f"unknown replica {replica_id!r}; known: {sorted(map(str, self._table.slot_of))}")
         return True
 
-    def _mask(self, replica_ids: Iterable[ReplicaId] | None) -> np.ndarray | None:
-        if replica_ids is None:
-            return None
-        mask = np.zeros(len(self._table.ids), dtype=bool)
+    def _mask(self, replica_ids: Iterable[ReplicaId] | None) -> np.ndarray:
+        mask = np.zeros(self._table.num_slots, dtype=bool)
+        if replica_ids is None:  # every replica (not the empty slots: Dispatch scans only the allowed window)
+            mask[list(self._table.slot_of.values())] = True
+            return mask
         for rid in replica_ids:
             self._known(rid)
             mask[self._table.slot_of[rid]] = True
         return mask
 
-    def _snapshot(self, seq_id: int) -> WaitingSequence:
-        slot, prompt, offset, _ = self._running[seq_id]
-        return WaitingSequence(seq_id=seq_id, prompt_tokens=prompt,
-                               generated_tokens=offset + self._table.iteration[slot])
+    def _snapshots(self, rows: Sequence[int] | np.ndarray) -> list[WaitingSequence]:
+        run = self._running
+        rows = np.asarray(rows, dtype=np.int64)
+        generated = run.offset[rows] + self._table.iteration[run.slot[rows]]
+        return [WaitingSequence(s, p, g) for s, p, g in zip(run.seq_id[rows].tolist(), run.prompt[rows].tolist(),
+                                                              generated.tolist())]
 
-    def _attach(self, seq: WaitingSequence, slot: int, check_capacity: bool = True) -> None:
-        table = self._table
-        assert not check_capacity or table.fits(slot, seq.num_tokens), "dispatch beyond KV capacity"
-        offset = seq.generated_tokens - table.iteration[slot]
-        self._stamp += 1
-        self._running[seq.seq_id] = [slot, seq.prompt_tokens, offset, self._stamp]
-        table.members[slot].add(seq.seq_id)
-        table.change(slot, 1, seq.num_tokens)
-        table.push_shortest(slot, seq.prompt_tokens + offset, seq.seq_id, self._stamp)
+    def _attach(self, seq: WaitingSequence, slot: int) -> None:
+        """Record ``seq`` as running on ``slot`` (no capacity check: see ``place``)."""
+        offset = seq.generated_tokens - int(self._table.iteration[slot])
+        self._running.add([seq.seq_id], np.array([slot]), np.array([seq.prompt_tokens]), np.array([offset]))
+        self._table.change(slot, 1, seq.num_tokens)
 
-    def _detach(self, seq_id: int) -> None:
-        slot, prompt, offset, _ = self._running.pop(seq_id)
-        table = self._table
-        table.members[slot].discard(seq_id)
-        table.change(slot, -1, -(prompt + offset + table.iteration[slot]))
-
-    def _peek_shortest(self, slot: int) -> int | None:
-        heap = self._table.shortest[slot]
-        while heap:
-            _, seq_id, stamp = heap[0]
-            rec = self._running.get(seq_id)
-            if rec is not None and rec[0] == slot and rec[3] == stamp:
-                return seq_id
-            heapq.heappop(heap)
-        return None
+    def _detach(self, seq: WaitingSequence) -> None:
+        slot = int(self._running.slot[self._running.row_of[seq.seq_id]])
+        self._running.remove([seq.seq_id])
+        self._table.change(slot, -1, -seq.num_tokens)
 
     # ------------------------------------------------------------------ copies and checks
     def copy(self) -> "ShiftAwareScheduler":
         """An independent copy (the planner simulates candidate shifts on copies, §7.3)."""
         other = ShiftAwareScheduler.__new__(ShiftAwareScheduler)
+        other.queue_key, other.headroom_tokens = self.queue_key, self.headroom_tokens
         other.queue = self.queue.copy()
         other._table = self._table.copy()
-        other._running = {k: list(v) for k, v in self._running.items()}
-        other._stamp = self._stamp
+        other._running = self._running.copy()
         return other
 
     def check_invariants(self) -> None:
-        table = self._table
-        assert not (set(self._running) & {s.seq_id for s in self.queue}), "a sequence is both queued and running"
+        table, run = self._table, self._running
+        assert not (set(run.row_of) & {s.seq_id for s in self.queue}), "a sequence is both queued and running"
+        assert all(int(run.seq_id[row]) == sid and run.slot[row] >= 0 for sid, row in run.row_of.items())
+        live = run.live_rows()
+        assert len(live) == len(run.row_of), "running rows and records disagree"
         for rid, slot in table.slot_of.items():
-            members = table.members[slot]
-            assert all(self._running[s][0] == slot for s in members), f"replica {rid!r}: member bookkeeping"
-            tokens = sum(self._snapshot(s).num_tokens for s in members)
-            assert table.n[slot] == len(members), f"replica {rid!r}: num_seqs {table.n[slot]} != {len(members)}"
-            assert table.t[slot] == tokens, f"replica {rid!r}: num_tokens {table.t[slot]} != {tokens}"
+            members = self._snapshots(run.rows_on(slot))
+            tokens = sum(s.num_tokens for s in members)
+            assert table.n(slot) == len(members), f"replica {rid!r}: num_seqs {table.n(slot)} != {len(members)}"
+            assert table.t(slot) == tokens, f"replica {rid!r}: num_tokens {table.t(slot)} != {tokens}"
             model = table.models[slot]
-            assert model is not None and abs(table.T[slot] - model.throughput(tokens, len(members))) <= 1e-9 * max(1.0, table.T[slot])
-        assert sum(len(table.members[s]) for s in table.slot_of.values()) == len(self._running)
+            assert model is not None and abs(table.throughput(slot) - model.throughput(tokens, len(members))) \
+                <= 1e-9 * max(1.0, table.throughput(slot))
+        assert all(table.ids[int(s)] is not None for s in run.slot[live]), "a sequence runs on a removed replica"
 
 
 def _net(actions: list[Action]) -> list[Action]:

@@ -31,7 +31,7 @@ def test_replay_matches_scheduler_copies(seed, role):
                         for i in range(k)])
         assert sim.after_shift_up(k) == sched.aggregate_throughput()
     assert sim.after_shift_down(down) == sim.after_shift_down(list(reversed(down)))  # replays never mutate
-    # lockstep: many counts / sets at once give what one at a time gives
+    # many counts / sets at once give what one at a time gives
     assert sim.after_shift_up_many([3, 1, 2, 0]) == [sim.after_shift_up(k) for k in (3, 1, 2, 0)]
     sets = [down, ids[:1], ids, [], ids[1:2]]
     assert sim.after_shift_down_many(sets) == [sim.after_shift_down(s) for s in sets]
