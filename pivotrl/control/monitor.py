@@ -34,7 +34,8 @@ def snapshot(backend: ClusterBackend, drivers: Mapping[InferenceRole, RoleDriver
                                          kv_capacity_tokens=spec.kv_capacity_tokens,
                                          throughput_tps=rep.throughput_tps()))
         roles[role] = RoleState(role=role, tp=spec.tp, model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens,
-                                waiting=tuple(sched.queue), tau_shift_s=backend.tau_shift_s(role))
+                                waiting=tuple(sched.queue), tau_shift_s=backend.tau_shift_s(role),
+                                headroom_tokens=sched.headroom_tokens, queue_key=sched.queue_key)
     return WorkloadState(devices=backend.devices, training_device_ids=training_device_ids,
                          training_active=training_active, next_batch_ready=next_batch_ready,
                          replicas=tuple(replicas), roles=roles, time_s=time_s)

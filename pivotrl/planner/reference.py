@@ -53,7 +53,8 @@ def plain_build_candidates(pairs: Sequence[ShiftPair], max_up: int) -> dict[int,
 
 def scheduler_from_state(state: WorkloadState, role: InferenceRole) -> ShiftAwareScheduler:
     """A scheduler holding the snapshot's replicas (in snapshot order), sequences and queue."""
-    sched = ShiftAwareScheduler()
+    spec = state.roles[role]
+    sched = ShiftAwareScheduler(queue_key=spec.queue_key, headroom_tokens=spec.headroom_tokens)
     for r in state.replicas_of(role):
         sched.add_replica(r.replica_id, r.model, r.kv_capacity_tokens)
     for r in state.replicas_of(role):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from pivotrl.scheduler import ThroughputModel
-from pivotrl.scheduler.queue import WaitingSequence
+from pivotrl.scheduler.queue import QueueKey, WaitingSequence
 
 __all__ = ["Role", "InferenceRole", "ROLES", "INFERENCE_ROLES", "DeviceInfo", "SequenceInfo",
            "ReplicaState", "RoleState", "WorkloadState"]
@@ -85,6 +85,8 @@ class RoleState:
     kv_capacity_tokens: int  # KV capacity of a new replica
     waiting: tuple[SequenceInfo, ...] = ()
     tau_shift_s: float = 10.0  # τ_shift: the (constant) stall of a shift-down replica, §7.1
+    headroom_tokens: int = 0  # the role scheduler's KV tokens reserved per running sequence
+    queue_key: QueueKey | None = None  # the role scheduler's queue order (None: ascending seq_id)
 
     def __post_init__(self) -> None:
         if self.role not in INFERENCE_ROLES:
@@ -93,6 +95,10 @@ class RoleState:
             raise ValueError(f"RoleState({self.role}).tp must be >= 1, got {self.tp}")
         if self.kv_capacity_tokens <= 0 or self.tau_shift_s < 0:
             raise ValueError(f"RoleState({self.role}): kv_capacity_tokens must be > 0 and tau_shift_s >= 0")
+        if isinstance(self.headroom_tokens, bool) or not isinstance(self.headroom_tokens, int) or self.headroom_tokens < 0:
+            raise ValueError(f"RoleState({self.role}).headroom_tokens must be an integer >= 0, got {self.headroom_tokens!r}")
+        if self.queue_key is not None and not callable(self.queue_key):
+            raise ValueError(f"RoleState({self.role}).queue_key must be None or a callable, got {self.queue_key!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

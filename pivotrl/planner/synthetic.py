@@ -21,7 +21,8 @@ from typing import Literal
 from pivotrl.planner.state import DeviceInfo, ReplicaState, RoleState, SequenceInfo, WorkloadState
 from pivotrl.scheduler import RooflineDevice, RooflineModel, ThroughputModel
 
-__all__ = ["H100", "QWEN25_7B", "QWEN3_30B_A3B", "role_spec", "fig8_state", "random_state"]
+__all__ = ["H100", "QWEN25_7B", "QWEN3_30B_A3B", "role_spec", "fig8_state", "random_state", "longest_first",
+           "by_prompt_length"]
 
 H100 = RooflineDevice(hbm_bytes_per_s=3.35e12, flops_per_s=989.4e12)
 HBM_BYTES = 80e9
@@ -82,8 +83,19 @@ _SMALL_MODELS = (ThroughputModel(A=2e-8, B=0.010, C=4e-4, D=0.002), ThroughputMo
                  ThroughputModel(A=1e-8, B=0.030, C=2e-4, D=0.004))
 
 
+def longest_first(seq: SequenceInfo) -> int:
+    """A queue order: the sequence holding the most tokens first."""
+    return -seq.num_tokens
+
+
+def by_prompt_length(seq: SequenceInfo) -> int:
+    """A queue order: the shortest prompt first."""
+    return seq.prompt_tokens
+
+
 def random_state(seed: int, *, max_nodes: int = 2, max_seqs: int = 12) -> WorkloadState:
-    """A small random valid snapshot: 1-``max_nodes`` nodes of 4 or 8 devices, tp in {1, 2, 4}."""
+    """A small random valid snapshot: 1-``max_nodes`` nodes of 4 or 8 devices, tp in {1, 2, 4}, the
+    roles' schedulers with or without headroom and in one of three queue orders."""
     rng = random.Random(seed)
     per_node = rng.choice((4, 8))
     num_nodes = rng.randint(1, max_nodes)
@@ -112,8 +124,11 @@ def random_state(seed: int, *, max_nodes: int = 2, max_seqs: int = 12) -> Worklo
                                          sequences=seqs(rng.randint(0, max_seqs)), model=model[role],
                                          kv_capacity_tokens=cap[role]))
         d += width if role and usable else 1
+    sched = random.Random(~seed)  # the schedulers' settings (drawn apart: the snapshot stays as it was)
     roles = {r: RoleState(role=r, tp=tp[r], model=model[r], kv_capacity_tokens=cap[r],
                           waiting=seqs(rng.choice((0, 0, rng.randint(1, max_seqs)))),
-                          tau_shift_s=rng.choice((0.0, 1.0, 10.0))) for r in tp}
+                          tau_shift_s=rng.choice((0.0, 1.0, 10.0)),
+                          headroom_tokens=sched.choice((0, 0, 16, 300)),
+                          queue_key=sched.choice((None, None, longest_first, by_prompt_length))) for r in tp}
     return WorkloadState(devices=devices, training_device_ids=training, training_active=training_active,
                          next_batch_ready=rng.random() < 0.2, replicas=tuple(replicas), roles=roles)

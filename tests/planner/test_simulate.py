@@ -16,8 +16,10 @@ def test_replay_matches_scheduler_copies(seed, role):
     state = random_state(seed, max_seqs=20)
     spec = state.roles[role]
     sim = RoleSimulator(state.replicas_of(role), spec.waiting, new_model=spec.model,
-                        new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=3)
+                        new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=3,
+                        headroom_tokens=spec.headroom_tokens, queue_key=spec.queue_key)
     base = scheduler_from_state(state, role)
+    assert (base.headroom_tokens, base.queue_key) == (spec.headroom_tokens, spec.queue_key)
     assert sim.throughput == base.aggregate_throughput()
     assert sim.num_seqs == state.num_seqs(role)
     ids = [r.replica_id for r in state.replicas_of(role)]
@@ -29,6 +31,7 @@ def test_replay_matches_scheduler_copies(seed, role):
         sched = base.copy()
         sched.shift_up([ReplicaSpec(replica_id=("new", i), model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens)
                         for i in range(k)])
+        sched.check_invariants()
         assert sim.after_shift_up(k) == sched.aggregate_throughput()
     assert sim.after_shift_down(down) == sim.after_shift_down(list(reversed(down)))  # replays never mutate
     # many counts / sets at once give what one at a time gives
@@ -66,3 +69,21 @@ def test_restarted_sequences_lose_their_generated_tokens():
         kw = dict(new_model=spec.model, new_kv_capacity_tokens=spec.kv_capacity_tokens)
         restart = RoleSimulator(replicas, spec.waiting, restart_aborted=True, **kw).after_shift_down(leaving)
         assert restart == RoleSimulator(fresh, spec.waiting, **kw).after_shift_down(leaving)
+
+
+def test_scheduler_settings_are_checked_where_they_enter():
+    import pytest
+
+    from pivotrl.planner import RoleState
+    from pivotrl.scheduler import ShiftAwareScheduler
+    model = random_state(5).roles["rollout"].model
+    with pytest.raises(ValueError, match="headroom_tokens"):
+        RoleState(role="rollout", tp=1, model=model, kv_capacity_tokens=100, headroom_tokens=-1)
+    with pytest.raises(ValueError, match="queue_key"):
+        RoleState(role="rollout", tp=1, model=model, kv_capacity_tokens=100, queue_key="longest")
+    with pytest.raises(ValueError, match="headroom_tokens"):
+        RoleSimulator((), (), new_model=model, new_kv_capacity_tokens=100, headroom_tokens=-5)
+    with pytest.raises(ValueError, match="headroom_tokens"):
+        ShiftAwareScheduler(headroom_tokens=1.5)
+    with pytest.raises(ValueError, match="seq_id must be a 64-bit integer"):
+        ShiftAwareScheduler().submit(2 ** 70, 10)

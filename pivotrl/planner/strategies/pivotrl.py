@@ -33,5 +33,6 @@ class PivotRLPlanner(FiveStepPlanner):
             spec = state.roles[role]
             models[role] = RoleSimulator(state.replicas_of(role), spec.waiting, new_model=spec.model,
                                          new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=max_new[role],
-                                         migrate=self.migration, restart_aborted=self.restart_aborted)
+                                         migrate=self.migration, restart_aborted=self.restart_aborted,
+                                         headroom_tokens=spec.headroom_tokens, queue_key=spec.queue_key)
         return models
