@@ -258,7 +258,7 @@ class ShiftAwareScheduler:
         for rid in replica_ids:
             aborts += self._abort(rid, "all", restart=not migrate)
             self._table.remove(rid)
-        return aborts + self.dispatch()  # each sequence moves once, to a replica that stays: nothing to net
+        return _net(aborts + self.dispatch())  # engines see the re-dispatched sequences first, in abort order
 
     @_collector_paused
     def shift_up(self, replicas: Sequence[ReplicaSpec], *, migrate: bool = True) -> list[Action]:
