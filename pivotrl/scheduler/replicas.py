@@ -54,6 +54,7 @@ class ReplicaTable:
         self.ids: list[ReplicaId | None] = []
         self.models: list[ThroughputModel | None] = []
         self.iteration = np.zeros(0, dtype=np.int64)  # decode iterations since the replica joined
+        self.active = np.zeros(0, dtype=bool)  # the slot holds a replica
         self.consts, self.state = slots.new_arrays(0)
         self.free_slots: list[int] = []  # descending: pop() gives the lowest free slot
         self._alloc(8)
@@ -64,6 +65,7 @@ class ReplicaTable:
         self.consts = np.concatenate([self.consts, consts], axis=1)
         self.state = np.concatenate([self.state, state], axis=1)
         self.iteration = np.concatenate([self.iteration, np.zeros(size - old, dtype=np.int64)])
+        self.active = np.concatenate([self.active, np.zeros(size - old, dtype=bool)])
         self.ids += [None] * (size - old)
         self.models += [None] * (size - old)
         self.free_slots = sorted(set(self.free_slots) | set(range(old, size)), reverse=True)
@@ -91,6 +93,7 @@ class ReplicaTable:
         self.slot_of[replica_id] = slot
         self.ids[slot], self.models[slot] = replica_id, model
         self.iteration[slot] = 0
+        self.active[slot] = True
         self.consts[:, slot] = (model.A, model.B, model.C, model.D, int(kv_capacity_tokens))
         slots.set_slot(self.consts, self.state, self.headroom, slot, 0.0, 0.0)
         return slot
@@ -102,6 +105,7 @@ class ReplicaTable:
         del self.slot_of[replica_id]
         self.ids[slot] = self.models[slot] = None
         slots.remove_slot(self.state, slot)
+        self.active[slot] = False
         self.free_slots.append(slot)
         self.free_slots.sort(reverse=True)
 
@@ -144,4 +148,5 @@ class ReplicaTable:
         other.ids, other.models = list(self.ids), list(self.models)
         other.free_slots = list(self.free_slots)
         other.iteration, other.consts, other.state = self.iteration.copy(), self.consts.copy(), self.state.copy()
+        other.active = self.active.copy()
         return other

@@ -51,6 +51,16 @@ class RunningSequences:
         self.seq_id[rows], self.slot[rows], self.prompt[rows], self.offset[rows] = seq_ids, slots, prompts, offsets
         self.row_of.update(zip(seq_ids, rows))
 
+    def add_one(self, seq_id: int, slot: int, prompt: int, offset: int) -> None:
+        row = self._rows(1)[0]
+        self.seq_id[row], self.slot[row], self.prompt[row], self.offset[row] = seq_id, slot, prompt, offset
+        self.row_of[seq_id] = row
+
+    def remove_one(self, seq_id: int) -> None:
+        row = self.row_of.pop(seq_id)
+        self.slot[row] = -1
+        self._free_rows.append(row)
+
     def remove(self, seq_ids: Sequence[int]) -> None:
         rows = [self.row_of.pop(s) for s in seq_ids]
         self.slot[rows] = -1

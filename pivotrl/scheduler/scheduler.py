@@ -193,8 +193,12 @@ class ShiftAwareScheduler:
 
     def finish(self, seq_id: int) -> WaitingSequence:
         """A running sequence completed: free its replica share. Returns its final state."""
-        snap = self._snapshots([self._running_row(seq_id)])[0]
-        self._detach(snap)
+        row = self._running_row(seq_id)
+        run = self._running
+        slot = int(run.slot[row])
+        snap = WaitingSequence(seq_id, int(run.prompt[row]), int(run.offset[row]) + int(self._table.iteration[slot]))
+        run.remove_one(seq_id)
+        self._table.change(slot, -1, -snap.num_tokens)
         return snap
 
     # ------------------------------------------------------------------ Alg. 2
@@ -322,10 +326,9 @@ class ShiftAwareScheduler:
         return True
 
     def _mask(self, replica_ids: Iterable[ReplicaId] | None) -> np.ndarray:
+        if replica_ids is None:  # every replica (not the empty slots: Dispatch compacts the allowed ones)
+            return self._table.active
         mask = np.zeros(self._table.num_slots, dtype=bool)
-        if replica_ids is None:  # every replica (not the empty slots: Dispatch scans only the allowed window)
-            mask[list(self._table.slot_of.values())] = True
-            return mask
         for rid in replica_ids:
             self._known(rid)
             mask[self._table.slot_of[rid]] = True
@@ -341,13 +344,8 @@ class ShiftAwareScheduler:
     def _attach(self, seq: WaitingSequence, slot: int) -> None:
         """Record ``seq`` as running on ``slot`` (no capacity check: see ``place``)."""
         offset = seq.generated_tokens - int(self._table.iteration[slot])
-        self._running.add([seq.seq_id], np.array([slot]), np.array([seq.prompt_tokens]), np.array([offset]))
+        self._running.add_one(seq.seq_id, slot, seq.prompt_tokens, offset)
         self._table.change(slot, 1, seq.num_tokens)
-
-    def _detach(self, seq: WaitingSequence) -> None:
-        slot = int(self._running.slot[self._running.row_of[seq.seq_id]])
-        self._running.remove([seq.seq_id])
-        self._table.change(slot, -1, -seq.num_tokens)
 
     # ------------------------------------------------------------------ copies and checks
     def copy(self) -> "ShiftAwareScheduler":

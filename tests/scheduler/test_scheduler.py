@@ -18,8 +18,8 @@ replica_specs = st.lists(
 seqs = st.lists(st.tuples(st.integers(1, 2_000), st.integers(0, 3_000)), min_size=1, max_size=60)
 
 
-def build(specs: list[tuple[int, int]], sequences: list[tuple[int, int]]) -> ShiftAwareScheduler:
-    s = ShiftAwareScheduler()
+def build(specs: list[tuple[int, int]], sequences: list[tuple[int, int]], headroom: int = 0) -> ShiftAwareScheduler:
+    s = ShiftAwareScheduler(headroom_tokens=headroom)
     for rid, (m, cap) in enumerate(specs):
         s.add_replica(rid, MODELS[m], cap)
     for sid, (prompt, gen) in enumerate(sequences):
@@ -52,6 +52,30 @@ def test_dispatch_is_the_brute_force_argmax_and_stops_at_a_blocked_head(specs, s
         assert isinstance(first, Dispatch) and first.seq_id == head.seq_id
         assert gains[first.replica_id] == pytest.approx(max(gains.values()), rel=1e-9, abs=1e-12)
         s.check_invariants()
+
+
+@settings(max_examples=80, deadline=None)
+@given(replica_specs, seqs, st.integers(0, 400), st.data())
+def test_one_dispatch_of_many_equals_one_at_a_time_and_keeps_the_headroom(specs, sequences, headroom, data) -> None:
+    """The compiled loop over the queue (one call) places each sequence where single-sequence Dispatches
+    place it, over any subset of the replicas, and never fills a replica past capacity - headroom per sequence."""
+    ids = data.draw(st.lists(st.sampled_from(range(len(specs))), unique=True, min_size=1))
+    bulk, single = (build(specs, sequences, headroom=headroom) for _ in range(2))
+    actions = bulk.dispatch(ids)
+    one_by_one = []
+    while step := single.dispatch(ids, max_seqs=1):
+        one_by_one += step
+    assert actions == one_by_one
+    assert [s.seq_id for s in bulk.queue] == [s.seq_id for s in single.queue]
+    bulk.check_invariants()
+    for rid in bulk.replica_ids:
+        v = bulk.replica(rid)
+        assert v.num_tokens + headroom * v.num_seqs <= v.kv_capacity_tokens or v.num_seqs == 0
+        assert rid in ids or v.num_seqs == 0
+    if len(bulk.queue):  # Dispatch stopped at a head that fits on none of the replicas
+        need = bulk.queue.peek().num_tokens
+        assert all(bulk.replica(r).num_tokens + headroom * (bulk.replica(r).num_seqs + 1) + need
+                   > bulk.replica(r).kv_capacity_tokens for r in ids)
 
 
 @settings(max_examples=60, deadline=None)
