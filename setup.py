@@ -1,7 +1,9 @@
 """PivotRL: RL post-training with generative reward models and run-time GPU role shifting."""
 from setuptools import find_packages, setup
 
-CORE = ["numpy>=1.26", "scipy>=1.11", "numba>=0.60"]  # numba: the compiled Dispatch and migration loops (pivotrl.scheduler.slots)
+# numba: the compiled Dispatch and migration loops (pivotrl.scheduler.slots) and the streaming-store copy kernel of
+# GPS Reads and Writes (pivotrl.gps.copies)
+CORE = ["numpy>=1.26", "scipy>=1.11", "numba>=0.60"]
 ROLES = [
     "torch==2.13.0",  # the CPU wheel (2.13.0+cpu) satisfies this; install it first (see Makefile)
     "transformers>=4.51",

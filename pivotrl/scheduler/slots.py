@@ -21,7 +21,8 @@ which a batched numpy formulation cannot do (each step depends on the previous o
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from pivotrl._numba import njit
 
 __all__ = ["NUM_CONSTS", "NUM_TERMS", "A", "B", "C", "D", "CAP", "N", "T", "N1", "BASE", "TP", "FREE",
            "new_arrays", "slot_terms", "set_slot", "change_slot", "remove_slot", "dispatch",

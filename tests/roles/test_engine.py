@@ -29,7 +29,7 @@ def drain(*replicas: EngineReplica) -> dict[int, FinishedSequence]:
 
 @pytest.fixture(scope="module")
 def replicas(make_replica) -> tuple[EngineReplica, EngineReplica]:
-    return make_replica(), make_replica()
+    return make_replica(), make_replica(release="teardown")  # the second one also checks the fallback path
 
 
 @pytest.fixture(scope="module")
