@@ -126,7 +126,7 @@ def _wait_for_output(running: RunningJob, text: str, timeout_s: float = 600) -> 
 
 
 def test_shifting_and_kills_do_not_change_what_is_learned(tmp_path: Path) -> None:
-    """Staleness 0 and migration-invariant sampling: a run that shifts devices at random, in every direction,
+    """Staleness 0 and migration-invariant sampling: a run that shifts devices at random between all roles
     every fraction of a second (chaos strategy, training on the same 4 devices as colocated), loses a worker
     to SIGKILL after step 0 (torchrun restarts the job, which resumes from its checkpoint), is killed whole
     with SIGKILL while that restarted job starts, and is started again with ``run.resume=true``, produces the
@@ -157,8 +157,9 @@ def test_shifting_and_kills_do_not_change_what_is_learned(tmp_path: Path) -> Non
     for job in (colocated, shifted):
         check_accounting(job, num_steps=2, staleness=0)  # every prompt trained exactly once, over 3 processes
     assert shifted.summary["num_plans"] >= 1, shifted.summary["num_plans"]
-    moves = _role_moves(shifted)  # the chaos strategy shifted devices in every direction
-    assert ("rollout", "reward") in moves and ("reward", "rollout") in moves, moves
+    moves = _role_moves(shifted)  # the chaos strategy shifted devices between all three roles (which inference
+    # direction comes up in two steps is chance; every direction is covered by tests/control/test_storm.py)
+    assert {("rollout", "reward"), ("reward", "rollout")} & moves, moves
     assert {("rollout", "training"), ("reward", "training")} & moves, moves  # inference -> training
     assert {("training", "rollout"), ("training", "reward")} & moves, moves  # training -> inference
     a, b = _sequences(colocated), _sequences(shifted)
