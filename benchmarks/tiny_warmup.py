@@ -1,6 +1,6 @@
 """How good the embedded tiny checkpoints are after their build-time warm-up, and how long a build takes.
 
-    python benchmarks/tiny_warmup.py [--num-prompts 64] [--rebuild] [--json]
+    python benchmarks/tiny_warmup.py [--num-prompts 64] [--rebuild] [--genrm tiny|tiny-moe] [--json]
 
 Policy: accuracy on the first ``--num-prompts`` held-out arithmetic problems (``heldout_arithmetic``,
 never seen in the warm-up), greedy and sampled at temperature 1 (transformers ``generate``, 48 new
@@ -53,6 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--rebuild", action="store_true", help="time a build of the default spec (~3 min)")
+    parser.add_argument("--genrm", choices=("tiny", "tiny-moe"), default="tiny",
+                        help="which embedded GenRM judges (tiny-moe: the Qwen3-MoE one, built on first use)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     figures: dict[str, float | int] = {"num_prompts": args.num_prompts}
@@ -75,7 +77,14 @@ def main() -> None:
         right = sum(verifiable_reward(tokenizer.decode(ids, skip_special_tokens=True), r.ground_truth, config).is_correct
                     for ids, r in zip(out, records, strict=True))
         figures[f"policy_{'sampled' if sample else 'greedy'}_accuracy"] = right / len(records)
-    genrm = AutoModelForCausalLM.from_pretrained(tiny.genrm_path).eval()
+    if args.genrm == "tiny-moe":
+        from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
+        t0 = time.perf_counter()
+        genrm_path = ensure_tiny_moe_genrm()
+        figures["moe_ensure_s"] = time.perf_counter() - t0  # the build, when it was not cached yet
+    else:
+        genrm_path = tiny.genrm_path
+    genrm = AutoModelForCausalLM.from_pretrained(genrm_path).eval()
     problems, rng = [problem_of(r.question) for r in records], random.Random(0)
     responses = [policy_response(p) for p in problems] + [wrong_response(p, rng) for p in problems]
     prompts = [chat_token_ids(genrm_messages(p.question, r, scale=10.0), tokenizer)
