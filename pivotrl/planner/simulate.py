@@ -50,8 +50,7 @@ class RoleSimulator:
             self.consts[:, s] = (m.A, m.B, m.C, m.D, cap)
         self._index_sequences(replicas, waiting, queue_key)
         for s, r in enumerate(replicas):
-            on = self._slot == s
-            slots.set_slot(self.consts, self.state, self.headroom, s, float(on.sum()), float(self._tokens[on].sum()))
+            slots.set_slot(self.consts, self.state, self.headroom, s, float(len(r.sequences)), float(r.num_tokens))
         self.num_seqs = len(self._slot)
         self.throughput = slots.total_throughput(self.state)  # current aggregate throughput (tokens/s)
 

@@ -56,7 +56,7 @@ class ReplicaTable:
         self.iteration = np.zeros(0, dtype=np.int64)  # decode iterations since the replica joined
         self.active = np.zeros(0, dtype=bool)  # the slot holds a replica
         self.consts, self.state = slots.new_arrays(0)
-        self.free_slots: list[int] = []  # descending: pop() gives the lowest free slot
+        self.free_slots: list[int] = []  # pop() gives the most recently freed slot, else the lowest new one
         self._alloc(8)
 
     def _alloc(self, size: int) -> None:
@@ -107,7 +107,6 @@ class ReplicaTable:
         slots.remove_slot(self.state, slot)
         self.active[slot] = False
         self.free_slots.append(slot)
-        self.free_slots.sort(reverse=True)
 
     def view(self, replica_id: ReplicaId) -> ReplicaView:
         s = self.slot_of[replica_id]
@@ -134,9 +133,6 @@ class ReplicaTable:
     def change(self, slot: int, delta_seqs: int, delta_tokens: int) -> None:
         """Apply a change of the slot's sequences/tokens and refresh its terms."""
         slots.change_slot(self.consts, self.state, self.headroom, slot, float(delta_seqs), float(delta_tokens))
-
-    def fits(self, slot: int, seq_tokens: float) -> bool:
-        return bool(self.state[slots.FREE, slot] >= seq_tokens)
 
     def aggregate_throughput(self) -> float:
         return slots.total_throughput(self.state)
