@@ -28,6 +28,8 @@ setup(
     description=__doc__,
     python_requires=">=3.11",
     packages=find_packages(include=["pivotrl", "pivotrl.*"]),
+    # the embedded tiny checkpoints (pivotrl/roles/shipped.py): safetensors, tokenizer, config, manifest
+    package_data={"pivotrl.roles": ["checkpoints/manifest.json", "checkpoints/*/*.json", "checkpoints/*/*/*"]},
     install_requires=CORE,
     extras_require={
         "roles": ROLES,

@@ -1,14 +1,22 @@
-"""How good the embedded tiny checkpoints are after their build-time warm-up, and how long a build takes.
+"""How good the embedded tiny checkpoints are, how much a rebuild's quality varies, and how long a build takes.
 
-    python benchmarks/tiny_warmup.py [--num-prompts 64] [--rebuild] [--genrm tiny|tiny-moe] [--json]
+    python benchmarks/tiny_warmup.py [--num-prompts 64] [--rebuild] [--spread N] [--json]
 
-Policy: accuracy on the first ``--num-prompts`` held-out arithmetic problems (``heldout_arithmetic``,
-never seen in the warm-up), greedy and sampled at temperature 1 (transformers ``generate``, 48 new
-tokens, the run's prompt). GenRM: for the same problems, a correct response (``policy_response``) and
-a response with one mistake (``wrong_response``); the mean parsed score of each kind, greedy and
-sampled, and how many judgements parse without any output constraint. ``--rebuild`` builds the
-default spec into a temporary folder and reports its seconds beside the seconds of the tokenizer and
-random initialisation alone (the build without any warm-up step), measured in the same run.
+Default: the shipped checkpoints (``pivotrl/roles/checkpoints``): policy accuracy on the first
+``--num-prompts`` held-out arithmetic problems, greedy and sampled at temperature 1; for the dense and the
+MoE GenRM, the mean parsed score of a correct and a one-mistake response, greedy and sampled, and the share
+of judgements that parse without any output constraint (``pivotrl.roles.tiny_quality``).
+
+``--rebuild``: builds the default specs on this machine into a temporary folder (dense, then MoE from it),
+reports the build seconds beside those of the build without any warm-up step (tokenizer and random init
+alone), measured in the same run, and the rebuild's figures.
+
+``--spread N``: builds N variants of the default specs whose warm-up example streams have other seeds
+(variant k: seeds 1, 2, 3 moved by 1000 k; the default spec, the shipped build, is variant 2) and prints each variant's figures and their mean, standard
+deviation, minimum and maximum. The warm-up's floating point differs between processors and its outcome
+is chaotic in it, so a build elsewhere is like a build from other seeds: this spread is what the rebuild
+floors (``tiny_quality.REBUILD_FLOORS``) are taken from.
+
 ``--json`` prints the figures as one JSON object on the last line.
 """
 from __future__ import annotations
@@ -16,95 +24,90 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM
-
-from pivotrl.roles.arithmetic import ArithmeticProblem
-from pivotrl.roles.data import chat_token_ids, heldout_arithmetic
-from pivotrl.roles.reward import GenRMScore, RewardConfig, genrm_messages, parse_score, verifiable_reward
-from pivotrl.roles.tiny import TinyBuildSpec, ensure_tiny_checkpoints, load_tokenizer
-from pivotrl.roles.tiny_warmup import WarmupSpec, policy_response, wrong_response
+from pivotrl.roles.tiny import TinyBuildSpec, ensure_tiny_checkpoints
+from pivotrl.roles.tiny_moe import TinyMoESpec, ensure_tiny_moe_genrm
+from pivotrl.roles.tiny_quality import REBUILD_FLOORS, quality_figures, unmet_floors
+from pivotrl.roles.tiny_warmup import WarmupSpec
 
 
-def generate(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, *, sample: bool,
-             max_new_tokens: int) -> list[list[int]]:
-    """New token ids per prompt: one left-padded batch, temperature 1 when sampling (seeded torch RNG)."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    torch.manual_seed(0)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
-                             temperature=1.0 if sample else None, top_k=None, top_p=None)
-    return [row.tolist() for row in out[:, width:]]
+BASE_SEEDS = (1, 2, 3)  # policy, GenRM and MoE GenRM warm-up seeds of variant 0
 
 
-def problem_of(question: str) -> ArithmeticProblem:
-    a, op, b = question.removeprefix("What is $").removesuffix("$?").split()
-    return ArithmeticProblem(a=int(a), op=op, b=int(b))
+def variant(k: int) -> TinyMoESpec:
+    """The default specs with the warm-up seeds ``BASE_SEEDS`` moved by ``1000 * k`` (the default is variant 2)."""
+    policy_seed, genrm_seed, moe_seed = (seed + 1000 * k for seed in BASE_SEEDS)
+    dense = TinyBuildSpec()
+    dense = dataclasses.replace(dense, policy_warmup=dataclasses.replace(dense.policy_warmup, seed=policy_seed),
+                                genrm_warmup=dataclasses.replace(dense.genrm_warmup, seed=genrm_seed))
+    moe = TinyMoESpec()
+    return dataclasses.replace(moe, dense=dense, warmup=dataclasses.replace(moe.warmup, seed=moe_seed))
+
+
+def build_and_measure(spec: TinyMoESpec, root: Path, num_prompts: int) -> dict[str, dict[str, float]]:
+    """Build ``spec`` (dense, then MoE) under ``root``; figures per checkpoint name, build seconds included."""
+    t0 = time.perf_counter()
+    dense = ensure_tiny_checkpoints(root, spec.dense)
+    t1 = time.perf_counter()
+    moe = ensure_tiny_moe_genrm(root, spec)
+    t2 = time.perf_counter()
+    return {"tiny": {"build_s": t1 - t0, **quality_figures(dense.policy_path, dense.genrm_path, num_prompts)},
+            "tiny-moe": {"build_s": t2 - t1, **quality_figures(None, moe, num_prompts)}}
+
+
+def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
+    keys = list(dict.fromkeys(key for row in rows.values() for key in row))
+    print(f"\n{title}\n{'measure':<36}" + "".join(f"{name:>10}" for name in rows))
+    for key in keys:
+        print(f"{key:<36}" + "".join(f"{row[key]:>10.3f}" if key in row else f"{'':>10}" for row in rows.values()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--rebuild", action="store_true", help="time a build of the default spec (~3 min)")
-    parser.add_argument("--genrm", choices=("tiny", "tiny-moe"), default="tiny",
-                        help="which embedded GenRM judges (tiny-moe: the Qwen3-MoE one, built on first use)")
+    parser.add_argument("--rebuild", action="store_true", help="build the default specs here and time them")
+    parser.add_argument("--spread", type=int, default=0, metavar="N", help="build N seed variants and measure each")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    figures: dict[str, float | int] = {"num_prompts": args.num_prompts}
+    report: dict[str, object] = {"num_prompts": args.num_prompts}
+    shipped = ensure_tiny_checkpoints()
+    report["shipped"] = {"tiny": quality_figures(shipped.policy_path, shipped.genrm_path, args.num_prompts),
+                         "tiny-moe": quality_figures(None, ensure_tiny_moe_genrm(), args.num_prompts)}
+    print_table("shipped checkpoints", report["shipped"])  # type: ignore[arg-type]
     if args.rebuild:
-        spec = TinyBuildSpec()
-        no_warmup = dataclasses.replace(spec, policy_warmup=WarmupSpec(num_steps=0), genrm_warmup=WarmupSpec(num_steps=0))
         with tempfile.TemporaryDirectory() as tmp:
-            for name, s in (("build_s", spec), ("build_without_warmup_s", no_warmup)):
-                t0 = time.perf_counter()
-                ensure_tiny_checkpoints(Path(tmp) / name, s)
-                figures[name] = time.perf_counter() - t0
-    tiny = ensure_tiny_checkpoints()
-    tokenizer = load_tokenizer(tiny.policy_path)
-    records = list(heldout_arithmetic(args.num_prompts))
-    policy = AutoModelForCausalLM.from_pretrained(tiny.policy_path).eval()
-    config = RewardConfig()
-    for sample in (False, True):
-        out = generate(policy, [chat_token_ids(r.messages, tokenizer) for r in records], tokenizer.pad_token_id,
-                       sample=sample, max_new_tokens=48)
-        right = sum(verifiable_reward(tokenizer.decode(ids, skip_special_tokens=True), r.ground_truth, config).is_correct
-                    for ids, r in zip(out, records, strict=True))
-        figures[f"policy_{'sampled' if sample else 'greedy'}_accuracy"] = right / len(records)
-    if args.genrm == "tiny-moe":
-        from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
-        t0 = time.perf_counter()
-        genrm_path = ensure_tiny_moe_genrm()
-        figures["moe_ensure_s"] = time.perf_counter() - t0  # the build, when it was not cached yet
-    else:
-        genrm_path = tiny.genrm_path
-    genrm = AutoModelForCausalLM.from_pretrained(genrm_path).eval()
-    problems, rng = [problem_of(r.question) for r in records], random.Random(0)
-    responses = [policy_response(p) for p in problems] + [wrong_response(p, rng) for p in problems]
-    prompts = [chat_token_ids(genrm_messages(p.question, r, scale=10.0), tokenizer)
-               for p, r in zip(problems + problems, responses, strict=True)]
-    n = len(problems)
-    for sample in (False, True):
-        out = generate(genrm, prompts, tokenizer.pad_token_id, sample=sample, max_new_tokens=24)
-        scores = [parse_score(tokenizer.decode(ids, skip_special_tokens=True)) for ids in out]
-        kind = "sampled" if sample else "greedy"
-        figures[f"genrm_{kind}_parsed"] = sum(isinstance(s, GenRMScore) for s in scores) / len(scores)
-        for label, part in (("correct", scores[:n]), ("wrong", scores[n:])):
-            parsed = [s.value for s in part if isinstance(s, GenRMScore)]
-            figures[f"genrm_{kind}_mean_score_{label}"] = sum(parsed) / len(parsed) if parsed else float("nan")
-    print(f"{'measure':<40} {'value':>8}")
-    for key, value in figures.items():
-        print(f"{key:<40} {value:>8.3f}" if isinstance(value, float) else f"{key:<40} {value:>8}")
-    if "build_s" in figures:
-        print(f"build / build without warm-up: {figures['build_s'] / figures['build_without_warmup_s']:.1f}x")
+            rebuilt = build_and_measure(TinyMoESpec(), Path(tmp) / "full", args.num_prompts)
+            bare = TinyBuildSpec(policy_warmup=WarmupSpec(num_steps=0), genrm_warmup=WarmupSpec(num_steps=0))
+            t0 = time.perf_counter()
+            ensure_tiny_checkpoints(Path(tmp) / "bare", bare)
+            rebuilt["tiny"]["build_without_warmup_s"] = time.perf_counter() - t0
+        report["rebuild"] = rebuilt
+        print_table("rebuilt here", {name: {k: v for k, v in row.items() if k != "build_without_warmup_s"}
+                                     for name, row in rebuilt.items()})
+        print(f"dense build / build without warm-up: "
+              f"{rebuilt['tiny']['build_s'] / rebuilt['tiny']['build_without_warmup_s']:.1f}x")
+        print(f"floors unmet by the rebuild: {unmet_floors(rebuilt) or 'none'}")
+    if args.spread:
+        builds: list[dict[str, dict[str, float]]] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for k in range(args.spread):
+                builds.append(build_and_measure(variant(k), Path(tmp) / f"v{k}", args.num_prompts))
+                print(f"variant {k}: {json.dumps(builds[-1])}", flush=True)
+        report["spread"] = {name: {key: [b[name][key] for b in builds] for key in builds[0][name]} for name in builds[0]}
+        for name, figures in report["spread"].items():  # type: ignore[union-attr]
+            print_table(f"spread of {name} over {args.spread} seed variants",
+                        {"mean": {k: statistics.fmean(v) for k, v in figures.items()},
+                         "sd": {k: statistics.stdev(v) if len(v) > 1 else 0.0 for k, v in figures.items()},
+                         "min": {k: min(v) for k, v in figures.items()},
+                         "max": {k: max(v) for k, v in figures.items()}})
+        print(f"\nvariants that miss a floor: "
+              f"{[k for k, b in enumerate(builds) if unmet_floors(b)] or 'none'} (floors: {REBUILD_FLOORS})")
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps(report))
 
 
 if __name__ == "__main__":

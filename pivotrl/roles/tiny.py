@@ -7,7 +7,9 @@ seeds, then warmed up by a short supervised run (``tiny_warmup.py``) so that RL 
 the policy answers some held-out arithmetic problems (``data.heldout_arithmetic``) right and many
 wrong, and the GenRM scores correct responses higher than wrong ones. Both are saved with
 ``save_pretrained``. A build took 160 s on two cores here (75 s
-for the policy's warm-up, 80 s for the GenRM's), once per spec and machine.
+for the policy's warm-up, 80 s for the GenRM's). The warm-up's floating point differs between
+processors, so the default spec's build is shipped in the package (``shipped.py``) and is what
+:func:`ensure_tiny_checkpoints` returns; other specs are built once per spec and machine.
 
 Invariant: a cache folder ``tiny-<hash of the build spec>`` either does not exist or holds both
 complete checkpoints; it is built in a temporary sibling folder and renamed into place, so two
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from pivotrl.roles.arithmetic import draw_split_problem
 from pivotrl.roles.data import DAPO_PREFIX, DAPO_SUFFIX, wrap_dapo_problem
 from pivotrl.roles.reward import genrm_messages
+from pivotrl.roles.shipped import shipped_checkpoint
 from pivotrl.roles.tiny_warmup import (
     GENRM_SCALE,
     WarmupSpec,
@@ -61,6 +64,7 @@ CHAT_TEMPLATE = (
 DAPO_PROMPT = DAPO_PREFIX + "{problem}" + DAPO_SUFFIX  # a user message of the arithmetic dataset
 _FORMAT_VERSION = 2
 _COMPLETE_MARK = "tiny-spec.json"
+SHIPPED_NAME = "tiny"  # the shipped checkpoint's folder and manifest name
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -94,8 +98,10 @@ class TinyBuildSpec:
     num_corpus_problems: int = 2000
     policy: TinyModelSpec = TinyModelSpec(seed=1234)
     genrm: TinyModelSpec = TinyModelSpec(seed=5678, num_layers=3, intermediate_size=384)
-    policy_warmup: WarmupSpec = WarmupSpec(num_steps=600, seed=1)  # supervised arithmetic answers
-    genrm_warmup: WarmupSpec = WarmupSpec(num_steps=150, seed=2, num_comparison_examples=128)  # judgements
+    # warm-up seeds: variant 2 of `benchmarks/tiny_warmup.py --spread 6` (seeds 1, 2, 3 moved by 1000 x variant),
+    # the best balance of policy accuracy and GenRM gap of the six; it is the shipped build (docs/rl.md)
+    policy_warmup: WarmupSpec = WarmupSpec(num_steps=600, seed=2001)  # supervised arithmetic answers
+    genrm_warmup: WarmupSpec = WarmupSpec(num_steps=150, seed=2002, num_comparison_examples=128)  # judgements
     genrm_from_policy: bool = True  # the GenRM starts as the warmed-up policy grown to its shape (grow_into)
 
     def __post_init__(self) -> None:
@@ -130,8 +136,13 @@ def default_cache_root() -> Path:
 
 
 def ensure_tiny_checkpoints(cache_dir: Path | None = None, spec: TinyBuildSpec | None = None) -> TinyCheckpoints:
-    """Return the embedded policy and GenRM checkpoints, building them once under ``cache_dir``."""
+    """The embedded policy and GenRM checkpoints: for the default spec and no ``cache_dir``, the ones shipped in
+    the package (``shipped.py``; nothing is built); otherwise built once under ``cache_dir`` (default
+    :func:`default_cache_root`)."""
     spec = spec or TinyBuildSpec()
+    if cache_dir is None and spec == TinyBuildSpec():
+        folder = shipped_checkpoint(SHIPPED_NAME, spec.digest())
+        return TinyCheckpoints(policy_path=folder / "policy", genrm_path=folder / "genrm")
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
     final = build_once(root / f"tiny-{spec.digest()}", lambda tmp: _build(tmp, spec), dataclasses.asdict(spec))
     return TinyCheckpoints(policy_path=final / "policy", genrm_path=final / "genrm")

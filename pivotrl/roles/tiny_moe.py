@@ -8,7 +8,8 @@ every expert starts as the dense MLP plus seeded noise (``expert_noise`` x the w
 differ), the router at random. Then the GenRM warm-up (``tiny_warmup.warm_up``, the dense GenRM's
 example streams, 100 steps) adapts it to the new attention and routing: judging the held-out problems it
 parsed 100% and scored correct responses 0.69 vs wrong ones 0.44 (the dense GenRM: 0.73 vs 0.45). A
-build took 170 s on two cores here, once per spec and machine (after the dense build it starts from).
+build took 170 s on two cores here (after the dense build it starts from). The default spec's build is
+shipped in the package beside the dense ones (``shipped.py``); other specs are built once per spec and machine.
 
 Invariant (as ``tiny.py``): a cache folder ``tiny-moe-<hash of the spec>`` either does not exist or holds a
 complete checkpoint, and the same spec rebuilds byte-identical files on the same machine.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pivotrl.roles.shipped import shipped_checkpoint
 from pivotrl.roles.tiny import TinyBuildSpec, build_once, default_cache_root, ensure_tiny_checkpoints, load_tokenizer
 from pivotrl.roles.tiny_warmup import WarmupSpec, comparison_examples, genrm_examples, warm_up
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen3MoeForCausalLM
 
 _FORMAT_VERSION = 1
+SHIPPED_NAME = "tiny-moe"  # the shipped checkpoint's folder and manifest name
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -40,7 +43,7 @@ class TinyMoESpec:
     num_experts: int = 8
     num_experts_per_tok: int = 2  # top-k routing, the k weights renormalized (norm_topk_prob)
     expert_noise: float = 0.1  # each expert = the dense MLP + this x (the weight's std) x N(0, 1)
-    warmup: WarmupSpec = WarmupSpec(num_steps=100, seed=3, num_comparison_examples=128)
+    warmup: WarmupSpec = WarmupSpec(num_steps=100, seed=2003, num_comparison_examples=128)  # variant 2, as tiny.py
     dense: TinyBuildSpec = TinyBuildSpec()  # the tokenizer and the warmed-up dense GenRM it starts from
 
     def __post_init__(self) -> None:
@@ -56,19 +59,24 @@ class TinyMoESpec:
 
 
 def ensure_tiny_moe_genrm(cache_dir: Path | None = None, spec: TinyMoESpec | None = None) -> Path:
-    """The tiny MoE GenRM's checkpoint folder (``from_pretrained`` / :func:`load_tokenizer`), built once."""
+    """The tiny MoE GenRM's checkpoint folder (``from_pretrained`` / :func:`load_tokenizer`): for the default
+    spec and no ``cache_dir``, the one shipped in the package (``shipped.py``; nothing is built); otherwise
+    built once under ``cache_dir`` (default :func:`default_cache_root`), from the dense checkpoints that
+    ``ensure_tiny_checkpoints(cache_dir, spec.dense)`` gives (so an explicit ``cache_dir`` rebuilds them too)."""
     spec = spec or TinyMoESpec()
+    if cache_dir is None and spec == TinyMoESpec():
+        return shipped_checkpoint(SHIPPED_NAME, spec.digest()) / "genrm"
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    final = build_once(root / f"tiny-moe-{spec.digest()}", lambda tmp: _build(tmp, root, spec),
+    final = build_once(root / f"tiny-moe-{spec.digest()}", lambda tmp: _build(tmp, cache_dir, spec),
                        dataclasses.asdict(spec))
     return final / "genrm"
 
 
-def _build(folder: Path, root: Path, spec: TinyMoESpec) -> None:
+def _build(folder: Path, cache_dir: Path | None, spec: TinyMoESpec) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    dense_path = ensure_tiny_checkpoints(root, spec.dense).genrm_path
+    dense_path = ensure_tiny_checkpoints(cache_dir, spec.dense).genrm_path
     tokenizer = load_tokenizer(dense_path)
     dense = AutoModelForCausalLM.from_pretrained(str(dense_path), dtype=torch.float32)
     model = _moe_model(dense, tokenizer, spec)

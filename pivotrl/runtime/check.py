@@ -107,7 +107,7 @@ def model_specs(cfg: PipelineConfig) -> dict[str, ModelSpec]:
     from pivotrl.runtime.config import TINY, TINY_MOE
 
     names = (cfg.models.policy, cfg.models.genrm)
-    if TINY in names or TINY_MOE in names:  # the embedded checkpoints: built on first use (minutes), then cached
+    if TINY in names or TINY_MOE in names:  # the embedded checkpoints: shipped in the package
         from pivotrl.runtime.pipeline import embedded_checkpoints
 
         names = tuple(str(p) for p in embedded_checkpoints(names))  # type: ignore[assignment]

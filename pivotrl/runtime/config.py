@@ -46,8 +46,8 @@ if typing.TYPE_CHECKING:
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EngineSection", "GPSSection", "ModelsConfig",
            "PipelineConfig", "RunConfig", "TINY", "TINY_MOE", "load_config", "load_prompts"]
 
-TINY = "tiny"  # models.*: the embedded checkpoints of pivotrl.roles.tiny.ensure_tiny_checkpoints()
-TINY_MOE = "tiny-moe"  # models.genrm: the embedded Qwen3-MoE GenRM of pivotrl.roles.tiny_moe.ensure_tiny_moe_genrm()
+TINY = "tiny"  # models.*: the embedded (shipped) checkpoints of pivotrl.roles.tiny.ensure_tiny_checkpoints()
+TINY_MOE = "tiny-moe"  # models.genrm: the embedded (shipped) Qwen3-MoE GenRM of pivotrl.roles.tiny_moe.ensure_tiny_moe_genrm()
 DATA_SUFFIXES = (".parquet", ".jsonl")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -142,11 +142,11 @@ class RuntimeCluster:
 
     def __init__(self, spec: ControllerSpec, bus: Any, book: RolloutBook, deployment: Any, *, num_steps: int,
                  staleness: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None,
-                 run_folder: Any = None, resumed: Any = None) -> None:
+                 run_folder: Any = None, resumed: Any = None, clock: WallClock | None = None) -> None:
         self.spec, self.bus, self.book = spec, bus, book
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // spec.devices_per_node)
                              for d in range(spec.num_devices))
-        self.clock = WallClock()
+        self.clock = clock or WallClock()  # a test may pass one on a source of its own (fake workers' time)
         self.live: dict[str, dict[int, _Live]] = {role: {} for role in INFERENCE_ROLES}
         self.replicas: dict[int, RuntimeReplica] = {}
         self.on_step = on_step

@@ -3,7 +3,7 @@
 ``run(cfg)`` is what ``launch/pivotrl.py`` calls on every rank once torch.distributed is up:
 
 1. process groups (GPS over all ranks, FSDP2 over the fixed training set, vLLM's own groups), the
-   embedded checkpoints (built once by rank 0), GPS with the policy (writable) and the GenRM;
+   embedded checkpoints (shipped in the package), GPS with the policy (writable) and the GenRM;
 2. rank 0 starts the controller thread (``controller.RuntimeCluster`` driving the shared control
    plane) and creates the run folder; every rank then runs its ``worker.Worker`` loop;
 3. at the end the controller saves the final policy (an HF checkpoint), writes the summary and stops
@@ -66,7 +66,7 @@ def run(cfg: Any) -> RunResult:
     training = training_device_ids(cfg)
     gps_group = dist.new_group(list(range(world)), backend="gloo")
     training_group = dist.new_group(list(training), backend="gloo")
-    policy_path, genrm_path = _checkpoints(cfg, rank)
+    policy_path, genrm_path = _checkpoints(cfg)
     resumed = _resume_point(cfg, rank)
     gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
     result = RunResult()
@@ -135,25 +135,18 @@ def _resume_point(cfg: Any, rank: int) -> ResumePoint:
     return ResumePoint(folder, latest(folder))
 
 
-def _checkpoints(cfg: Any, rank: int) -> tuple[Path, Path]:
-    """Model folders; "tiny" / "tiny-moe" build the embedded checkpoints (rank 0 first, the others reuse them)."""
-    import torch.distributed as dist
-
+def _checkpoints(cfg: Any) -> tuple[Path, Path]:
+    """Model folders; "tiny" / "tiny-moe" are the embedded checkpoints shipped in the package (nothing to build)."""
     from pivotrl.runtime.config import TINY, TINY_MOE
 
     names = (cfg.models.policy, cfg.models.genrm)
-    paths: tuple[Path, Path] | None = None
     if TINY in names or TINY_MOE in names:
-        if rank == 0:
-            paths = embedded_checkpoints(names)
-        dist.barrier()
-        if rank != 0:
-            paths = embedded_checkpoints(names)
-    return paths or (Path(names[0]), Path(names[1]))
+        return embedded_checkpoints(names)
+    return Path(names[0]), Path(names[1])
 
 
 def embedded_checkpoints(names: tuple[str, str]) -> tuple[Path, Path]:
-    """(policy, genrm) folders, building the embedded checkpoints that ``names`` ask for."""
+    """(policy, genrm) folders: the embedded checkpoints (shipped in the package) where ``names`` ask for them."""
     from pivotrl.roles.tiny import ensure_tiny_checkpoints
     from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
     from pivotrl.runtime.config import TINY, TINY_MOE

@@ -46,16 +46,50 @@ def _storage_bytes(tensors: object) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
+FIRST_TOKEN_MARGIN = 0.05  # logits; vLLM's CPU kernels and transformers' agree to ~1e-5 in float32
+NOISE_SCALES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # of each tensor's std, tried in turn
+
+
+def _first_greedy_tokens(tiny: TinyCheckpoints, weights: dict[str, torch.Tensor],
+                         prompts: dict[int, list[int]]) -> dict[int, tuple[int, float]]:
+    """Per prompt: the greedy first token of a transformers model on ``weights`` and its logit lead over the
+    runner-up (the prefill's last position, computed apart from the engine)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny.policy_path)).eval()
+    model.load_state_dict(weights, strict=True)
+    out = {}
+    with torch.no_grad():
+        for seq_id, ids in prompts.items():
+            top = model(torch.tensor([ids])).logits[0, -1].topk(2)
+            out[seq_id] = (int(top.indices[0]), float(top.values[0] - top.values[1]))
+    return out
+
+
+def _perturbed(a: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {n: t + scale * t.std() * torch.randn(t.shape, generator=gen) if t.numel() > 1 else t.clone()
+            for n, t in a.items()}
+
+
 @pytest.fixture(scope="module")
-def weights(tiny: TinyCheckpoints) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(A: the tiny policy, B: a perturbed copy of it)."""
+def weights(tiny: TinyCheckpoints, prompts) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(A: the tiny policy, B: a perturbed copy of it that provably generates differently). B is perturbed
+    more until, for some prompt, A and B greedily pick different first tokens, each ahead of its runner-up
+    by ``FIRST_TOKEN_MARGIN``: far more than the engine's float32 kernels differ from transformers', so the
+    engine on B generates other tokens than on A whatever the processor."""
     from safetensors.torch import load_file
 
     a = load_file(str(tiny.policy_path / "model.safetensors"))
-    gen = torch.Generator().manual_seed(0)
-    b = {n: t + 0.05 * t.std() * torch.randn(t.shape, generator=gen) if t.numel() > 1 else t.clone()
-         for n, t in a.items()}
-    return a, b
+    first_a = _first_greedy_tokens(tiny, a, prompts)
+    for scale in NOISE_SCALES:
+        b = _perturbed(a, scale)
+        first_b = _first_greedy_tokens(tiny, b, prompts)
+        if any(first_a[s][0] != first_b[s][0] and min(first_a[s][1], first_b[s][1]) > FIRST_TOKEN_MARGIN
+               for s in prompts):
+            return a, b
+    raise AssertionError(f"no perturbation up to {NOISE_SCALES[-1]} std changes a first greedy token by a margin: "
+                         f"A {first_a}, B {first_b}")
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +127,7 @@ def fresh_b(tiny: TinyCheckpoints, weights, tmp_path_factory) -> Iterator[Engine
 @pytest.fixture(scope="module")
 def b_outputs(fresh_b: EngineReplica, prompts, a_outputs) -> dict[int, tuple[int, ...]]:
     outputs = _greedy(fresh_b, prompts)
-    assert outputs != a_outputs  # B really is other weights
+    assert outputs != a_outputs  # B really is other weights (the ``weights`` fixture proved its first tokens differ)
     return outputs
 
 

@@ -1,17 +1,13 @@
 """The embedded tiny checkpoints build offline, load with transformers, are reused from the cache,
 rebuild byte for byte, and are warmed up: the policy solves some held-out problems and misses others,
 the GenRM scores correct responses above wrong ones."""
-import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-from pivotrl.roles.arithmetic import ArithmeticProblem
-from pivotrl.roles.data import chat_token_ids, heldout_arithmetic
-from pivotrl.roles.reward import GenRMScore, RewardConfig, genrm_messages, parse_score, verifiable_reward
 from pivotrl.roles.tiny import (
     DAPO_PROMPT,
     TinyBuildSpec,
@@ -20,9 +16,10 @@ from pivotrl.roles.tiny import (
     ensure_tiny_checkpoints,
     load_tokenizer,
 )
-from pivotrl.roles.tiny_warmup import WarmupSpec, policy_response, wrong_response
+from pivotrl.roles.tiny_quality import genrm_quality, policy_quality
+from pivotrl.roles.tiny_warmup import WarmupSpec
 
-NUM_HELDOUT = 64
+GENRM_GAP_BOUND = 0.1  # mean score of correct minus wrong responses, greedy (shipped: 0.22 dense, 0.19 MoE)
 SMALL = TinyBuildSpec(  # a few warm-up steps on small models: a build in seconds
     num_corpus_problems=50,
     policy=TinyModelSpec(seed=3, num_layers=1, hidden_size=64, intermediate_size=64),
@@ -68,11 +65,12 @@ def test_models_load_and_differ(tiny: TinyCheckpoints) -> None:
     assert logits.shape == (1, 3, len(tokenizer)) and torch.isfinite(logits).all()
 
 
-def test_cache_is_reused_and_spec_keys_the_folder(tiny: TinyCheckpoints, tmp_path: Path) -> None:
-    again = ensure_tiny_checkpoints(tiny.policy_path.parent.parent)
-    assert again == tiny
-    mtime = (tiny.policy_path / "model.safetensors").stat().st_mtime_ns
-    assert (again.policy_path / "model.safetensors").stat().st_mtime_ns == mtime
+def test_cache_is_reused_and_spec_keys_the_folder(tmp_path: Path) -> None:
+    built = ensure_tiny_checkpoints(tmp_path, SMALL)
+    assert built.policy_path.parent == tmp_path / f"tiny-{SMALL.digest()}"
+    mtime = (built.policy_path / "model.safetensors").stat().st_mtime_ns
+    again = ensure_tiny_checkpoints(tmp_path, SMALL)
+    assert again == built and (again.policy_path / "model.safetensors").stat().st_mtime_ns == mtime
     other = TinyBuildSpec(policy=TinyModelSpec(seed=1), num_corpus_problems=50)
     assert other.digest() != TinyBuildSpec().digest()
 
@@ -111,38 +109,15 @@ def test_warm_up_settings_key_the_folder() -> None:
     assert longer.digest() != TinyBuildSpec().digest()
 
 
-def _generate(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, *, do_sample: bool,
-              max_new_tokens: int) -> list[list[int]]:
-    """New token ids per prompt (left-padded batch; sampling at temperature 1 from the seeded torch RNG)."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                             temperature=1.0 if do_sample else None, top_k=None, top_p=None)
-    return [row.tolist() for row in out[:, width:]]
-
-
-def _heldout_problems() -> list[ArithmeticProblem]:
-    out = []
-    for record in heldout_arithmetic(NUM_HELDOUT):
-        a, op, b = record.question.removeprefix("What is $").removesuffix("$?").split()
-        out.append(ArithmeticProblem(a=int(a), op=op, b=int(b)))
-    return out
-
-
-@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
-def test_policy_solves_some_heldout_problems_but_not_all(tiny: TinyCheckpoints, do_sample: bool) -> None:
-    tokenizer = load_tokenizer(tiny.policy_path)
-    policy = AutoModelForCausalLM.from_pretrained(tiny.policy_path).eval()
-    records = list(heldout_arithmetic(NUM_HELDOUT))
-    torch.manual_seed(0)
-    outputs = _generate(policy, [chat_token_ids(r.messages, tokenizer) for r in records], tokenizer.pad_token_id,
-                        do_sample=do_sample, max_new_tokens=48)
-    responses = [tokenizer.decode(ids, skip_special_tokens=True) for ids in outputs]
-    num_correct = sum(verifiable_reward(text, r.ground_truth, RewardConfig()).is_correct
-                      for text, r in zip(responses, records, strict=True))
-    assert 0.05 * NUM_HELDOUT < num_correct < 0.9 * NUM_HELDOUT, (num_correct, responses[:4])
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_policy_solves_some_heldout_problems_but_not_all(tiny: TinyCheckpoints, sample: bool) -> None:
+    """RL needs a policy that is right on some problems and wrong on others. Measured on the shipped bytes (the
+    same on every machine); the build measured 0.48 greedy and 0.30 sampled (the manifest's quality), 16 and 15
+    problems of 64 inside the bounds, and what differs between processors here is inference floating point,
+    which can flip only near-tied choices."""
+    quality = policy_quality(tiny.policy_path)
+    accuracy = quality.sampled_accuracy if sample else quality.greedy_accuracy
+    assert 0.05 < accuracy < 0.9, quality
 
 
 def test_genrm_scores_correct_responses_above_wrong_ones(tiny: TinyCheckpoints) -> None:
@@ -150,19 +125,12 @@ def test_genrm_scores_correct_responses_above_wrong_ones(tiny: TinyCheckpoints) 
 
 
 def assert_genrm_scores_correct_above_wrong(path: Path) -> None:
-    """Greedy judgements of held-out correct and wrong responses: >= 90 % parse, correct score higher."""
-    tokenizer = load_tokenizer(path)
-    genrm = AutoModelForCausalLM.from_pretrained(path).eval()
-    problems, rng = _heldout_problems(), random.Random(0)
-    responses = [policy_response(p) for p in problems] + [wrong_response(p, rng) for p in problems]
-    prompts = [chat_token_ids(genrm_messages(p.question, r, scale=10.0), tokenizer)
-               for p, r in zip(problems + problems, responses, strict=True)]
-    outputs = _generate(genrm, prompts, tokenizer.pad_token_id, do_sample=False, max_new_tokens=24)
-    scores = [parse_score(tokenizer.decode(ids, skip_special_tokens=True)) for ids in outputs]
-    assert sum(isinstance(s, GenRMScore) for s in scores) >= 0.9 * len(scores)
-    values = [s.value if isinstance(s, GenRMScore) else 0.5 for s in scores]
-    mean_correct, mean_wrong = sum(values[:NUM_HELDOUT]) / NUM_HELDOUT, sum(values[NUM_HELDOUT:]) / NUM_HELDOUT
-    assert mean_correct > mean_wrong + 0.1, (mean_correct, mean_wrong)
+    """Greedy judgements of held-out correct and wrong responses: >= 90 % parse, correct ones score higher (the
+    signal the reward role gives RL). Checked on the shipped bytes; the bound sits well inside what the build
+    measured (the manifest's ``genrm_greedy_gap``), so near-tie flips of another processor's kernels cannot cross it."""
+    quality = genrm_quality(path, sample=False)
+    assert quality.parsed >= 0.9, quality
+    assert quality.gap > GENRM_GAP_BOUND, quality
 
 
 @pytest.mark.parametrize("field,value", [("num_heads", 3), ("num_kv_heads", 3), ("max_position_embeddings", 512)])

@@ -6,6 +6,8 @@ runs one engine iteration on every fake replica: every running sequence gains on
 finishes at its length ``3 + seq_id % 5`` (rollout) or ``2 + seq_id % 3`` (reward), or at max_tokens.
 Token ids spell ``Answer: 1`` often enough to give rewards. The fakes record what a worker would see
 (roles held per device, tokens each engine generated), so tests check the controller against them.
+Time is the fakes' own too: ``now_s`` advances ``iteration_s`` per ``recv`` (one engine iteration), so a
+controller on ``WallClock(source=bus.time)`` makes the same decisions on any machine, however fast.
 """
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ class FakeReplica:
 
 
 class FakeBus:
-    def __init__(self, num_devices: int, *, answer_ids: list[int] | None = None, up_delay_seed: int | None = None) -> None:
+    def __init__(self, num_devices: int, *, answer_ids: list[int] | None = None, up_delay_seed: int | None = None,
+                 iteration_s: float = 1e-3) -> None:
         self.num_devices = num_devices
+        self.now_s, self.iteration_s = 0.0, iteration_s
         self.replicas: dict[int, FakeReplica] = {}
         self.held: dict[int, list[str]] = {d: [] for d in range(num_devices)}
         self.training_up: set[int] = set()
@@ -48,7 +52,11 @@ class FakeBus:
         self.sent.append((device, msg))
         getattr(self, f"_{msg.kind}")(device, msg)
 
+    def time(self) -> float:
+        return self.now_s
+
     def recv(self, timeout_s: float) -> list[tuple[int, m.Message]]:
+        self.now_s += self.iteration_s
         self._iterate()
         due = [(d, msg) for left, d, msg in self._delayed if left <= 0]
         self._delayed = [(left - 1, d, msg) for left, d, msg in self._delayed if left > 0]

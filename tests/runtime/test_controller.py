@@ -15,6 +15,7 @@ from pivotrl.roles.data import PromptDataset
 from pivotrl.roles.reward import RewardConfig
 from pivotrl.roles.tiny import ensure_tiny_checkpoints, load_tokenizer
 from pivotrl.runtime.book import RolloutBook
+from pivotrl.runtime.clock import WallClock
 from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
 from pivotrl.scheduler import ThroughputModel
 
@@ -51,7 +52,8 @@ def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int =
     rows: list[dict] = []
     dep.check(NUM_DEVICES, 1, 1)
     cluster = RuntimeCluster(spec, bus, book, make_deployment(dep, NUM_DEVICES), num_steps=num_steps,
-                             staleness=dep.staleness if dep.kind != "colocated" else 0, on_step=rows.append)
+                             staleness=dep.staleness if dep.kind != "colocated" else 0, on_step=rows.append,
+                             clock=WallClock(source=bus.time))  # the fakes' time: the same decisions on any machine
     cluster.run()
     cluster.save_policy("/nowhere")
     cluster.shutdown()

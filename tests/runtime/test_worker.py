@@ -39,9 +39,6 @@ def _isolated(cmd: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    from pivotrl.roles.tiny import ensure_tiny_checkpoints
-
-    ensure_tiny_checkpoints()  # built once here, not by both ranks at once
     out = tmp_path_factory.mktemp("worker_job")
     env = {**os.environ, "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo", "GLOO_SOCKET_IFNAME": "lo",
            "VLLM_HOST_IP": "127.0.0.1", "PYTHONPATH": str(Path(__file__).parents[2])}

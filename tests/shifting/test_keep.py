@@ -45,7 +45,7 @@ def test_keep_frees_nothing_and_the_shift_up_loads_new_weights(replica: EngineRe
         llm = replica.llm
         down = manager.shift_down(role)
         assert down.num_bytes == 0 and replica.is_started and manager.role_on(0) is None
-        changed = {n: (t.roll(1, 0) if n.endswith("embed_tokens.weight") else t) for n, t in params.items()}  # tokens renamed
+        changed = {n: (t.roll(1, 0) if n == "lm_head.weight" else t) for n, t in params.items()}  # greedy token + 1
         gps.write("policy", (0,), Parallelism(), {0: changed})
         up = manager.shift_up(role, version=1)
         assert up.version == 1 and up.kind("temporary").num_bytes == 0 and up.kind("parameters").num_bytes > 0
