@@ -50,19 +50,24 @@ def main(argv: list[str]) -> int:
             results[name] = job.summary
     ref = results["pivotrl"]["tps"]
     print(f"{'deployment':<14} {'tok/s':>8} {'vs pivotrl':>10} {'run s':>7} {'plans':>6} {'engine %':>9} "
-          f"{'shift %':>8} {'train %':>8} {'idle %':>7}")
+          f"{'shift %':>8} {'train %':>8} {'idle %':>7} {'CPU user s':>10} {'CPU sys s':>9} {'sys %':>6}")
     for name, s in results.items():
         t = s["time_breakdown"]
         pct = {k: 100 * v / t["device_s"] for k, v in t.items() if k != "device_s"}
         print(f"{name:<14} {s['tps']:>8.1f} {s['tps'] / ref:>10.2f} {s['seconds']:>7.1f} {s['num_plans']:>6} "
               f"{pct['engine_rollout_s'] + pct['engine_reward_s']:>9.1f} {pct['shift_s']:>8.1f} "
-              f"{pct['train_s']:>8.1f} {pct['idle_s']:>7.1f}")
+              f"{pct['train_s']:>8.1f} {pct['idle_s']:>7.1f} {s['cpu']['user_s']:>10.1f} {s['cpu']['system_s']:>9.1f} "
+              f"{100 * s['cpu']['system_share']:>6.1f}")
+        print(f"{'':<14} CPU s per device (user/system): "
+              + ", ".join(f"{d}: {c['user']:.1f}/{c['system']:.1f}" for d, c in s["cpu"]["by_device"].items()))
     print("engine % = device time in engine iterations; shift % = shift downs/ups (all context kinds); "
-          "idle % = waiting (for work, messages, or another role's shift)")
+          "idle % = waiting (for work, messages, or another role's shift); CPU s = the worker processes' CPU "
+          "seconds (every thread), sys % = system time's share of them")
     if args.json:
         print(json.dumps({"tps": {n: s["tps"] for n, s in results.items()},
                           "shifts": results["pivotrl"]["num_plans"],
-                          "time_breakdown": {n: s["time_breakdown"] for n, s in results.items()}}))
+                          "time_breakdown": {n: s["time_breakdown"] for n, s in results.items()},
+                          "cpu": {n: s["cpu"] for n, s in results.items()}}))
     return 0
 
 

@@ -167,6 +167,7 @@ class RuntimeCluster:
         self._down_from: set[int] = set()
         self._saved: m.Saved | None = None
         self._byes: set[int] = set()
+        self.cpu_s_by_device: dict[int, dict[str, float]] = {}  # each worker process's CPU seconds (from Bye)
         self._last_step_row: dict[str, Any] = {}
         # checkpoints (``pivotrl.runtime.checkpoint``): the run folder they go to, the one resumed from
         if spec.checkpoint_every and run_folder is None:
@@ -386,6 +387,7 @@ class RuntimeCluster:
 
     def _on_Bye(self, device: int, msg: m.Bye) -> None:
         self._byes.add(device)
+        self.cpu_s_by_device[device] = {"user": msg.cpu_user_s, "system": msg.cpu_system_s}
 
     def _record_shift(self, device: int, report: dict[str, Any], **extra: Any) -> None:
         self.shift_reports.append({**report, "device": device, "time_s": self.clock.now(), **extra})

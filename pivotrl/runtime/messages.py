@@ -258,7 +258,11 @@ class Saved(WorkerMessage):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Bye(WorkerMessage):
+    """The worker stopped; the CPU seconds its process used in all (every thread: engine, GPS, NIXL, bus)."""
+
     kind: ClassVar[str] = "Bye"
+    cpu_user_s: float = 0.0
+    cpu_system_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

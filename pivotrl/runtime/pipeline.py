@@ -276,6 +276,8 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
         folder.write_summary(result.summary)
         print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
         cluster.shutdown()
+        result.summary["cpu"] = cpu_summary(cluster.cpu_s_by_device)  # from the workers' Bye: known only now
+        folder.write_summary(result.summary)
     except BaseException as err:  # noqa: BLE001 (any failure must stop the workers)
         result.error = f"{type(err).__name__}: {err}"
         (folder.path / "error.txt").write_text(traceback.format_exc())
@@ -293,6 +295,13 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
     finally:
         time.sleep(0.2)
         bus.close()
+
+
+def cpu_summary(by_device: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """CPU seconds of each worker process (user, system) and of the job, and system time's share of it."""
+    user, system = (sum(cpu[k] for cpu in by_device.values()) for k in ("user", "system"))
+    return {"by_device": {str(d): cpu for d, cpu in sorted(by_device.items())}, "user_s": user, "system_s": system,
+            "system_share": system / (user + system) if user + system > 0 else 0.0}
 
 
 _FAILURE_GRACE_S = 3.0  # after a failure: time for the Shutdown messages and the log lines to go out

@@ -1,7 +1,8 @@
 """The worker of one device (§4, §5.2): a loop on its torchrun rank that serves the role the controller
 gives it, one role at a time, and reports back over the bus.
 
-Loop: take every control message (without waiting while an engine has work, else up to 5 ms), run
+Loop: take every control message (without waiting while an engine has work; else blocking up to 5 ms
+while a GPS write or a report is pending, up to 0.2 s when nothing is: no loop spins), run
 one engine iteration of the up replica, send ``Progress`` when due (every ``report_interval_s``, at
 once when a sequence finished), report finished background GPS writes. Roles:
 - rollout / reward: one ``EngineReplica`` per role, created on the first ``StartReplica`` of that role
@@ -20,6 +21,7 @@ a message becomes a ``WorkerError`` and the loop keeps running (the controller d
 from __future__ import annotations
 
 import math
+import resource
 import shutil
 import time
 import traceback
@@ -70,7 +72,8 @@ __all__ = ["Worker", "WorkerSpec"]
 
 EngineRoleName = Literal["rollout", "reward"]
 MODEL_OF: dict[str, str] = {"rollout": "policy", "reward": "genrm"}  # GPS model a role serves
-_IDLE_WAIT_S = 0.005
+_POLL_WAIT_S = 0.005  # longest wait for a message while a GPS write or a Progress report is pending
+_IDLE_WAIT_S = 0.2  # longest wait for a message with nothing pending (a message wakes the loop at once)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
@@ -197,7 +200,7 @@ class Worker:
         self._running = True
         while self._running:
             try:
-                messages = self.bus.recv(0.0 if self._has_work() else _IDLE_WAIT_S)
+                messages = self.bus.recv(self._wait_s())
             except ValueError as err:
                 self._error("recv", err)
                 messages = []
@@ -218,6 +221,14 @@ class Worker:
             handler(msg)
         except Exception as err:  # reported; the controller decides what follows
             self._error(msg.kind, err)
+
+    def _wait_s(self) -> float:
+        """How long the loop may block for a message: not at all while the engine has work, briefly while a
+        background GPS write or a Progress report is pending (their completion sends no message), else long."""
+        if self._has_work():
+            return 0.0
+        live = self._live
+        return _POLL_WAIT_S if self._writes or (live is not None and live.progress.num_steps) else _IDLE_WAIT_S
 
     def _has_work(self) -> bool:
         live = self._live
@@ -458,7 +469,8 @@ class Worker:
         if self._training is not None:
             self._training.trainer.close()  # before the training group is destroyed (see GRPOTrainer)
         self._running = False
-        self._send(Bye)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._send(Bye, cpu_user_s=usage.ru_utime, cpu_system_s=usage.ru_stime)
 
 
 def save_checkpoint(template: Path, out: Path, params: dict[str, torch.Tensor]) -> None:

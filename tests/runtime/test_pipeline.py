@@ -41,6 +41,9 @@ def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
     assert [r["step"] for r in rows] == list(range(num_steps))
     assert all(r["version_lag_max"] is not None and 0 <= r["version_lag_max"] <= staleness for r in rows)
     assert (Path(summary["policy_dir"]) / "config.json").exists()
+    cpu = summary["cpu"]  # every worker process's CPU seconds, from its Bye
+    assert len(cpu["by_device"]) >= 2 and all(c["user"] > 0 and c["system"] >= 0 for c in cpu["by_device"].values())
+    assert cpu["user_s"] == pytest.approx(sum(c["user"] for c in cpu["by_device"].values()))
     return summary
 
 

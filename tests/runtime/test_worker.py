@@ -71,6 +71,21 @@ def test_every_reply_reports_at_most_one_role_and_the_right_one(job) -> None:
     assert result["bye"] == [0, 1]
 
 
+def test_ranks_without_work_sleep(job) -> None:
+    """While device 1 holds no role and device 0 an idle replica (the controller waits ``IDLE_S``), each rank's
+    process (engine, GPS, NIXL and bus threads together) uses well under half a core: nothing spins (a
+    spinning thread alone uses a whole one)."""
+    result, out = job
+    start, end = result["idle_window"]
+    for rank in (0, 1):
+        samples = [(t, cpu) for t, cpu in json.loads((out / f"rank{rank}.json").read_text())["cpu_samples"]
+                   if start <= t <= end]
+        (t0, cpu0), (t1, cpu1) = samples[0], samples[-1]
+        print(f"rank {rank}: {cpu1 - cpu0:.3f} CPU s in {t1 - t0:.2f} s idle")
+        assert t1 - t0 > 1.0, samples
+        assert (cpu1 - cpu0) / (t1 - t0) < 0.5, (rank, cpu1 - cpu0, t1 - t0)
+
+
 def test_a_replica_reads_its_weights_from_gps_on_one_rank_alone(job) -> None:
     result, _ = job  # device 1 read from device 0's host copy (NIXL, one-sided) while rank 0 idled
     up = result["up1"]

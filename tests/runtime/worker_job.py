@@ -57,6 +57,8 @@ WAIT_S = 240.0  # longest wait for one reply (a first engine start takes ~15-30 
 MAX_TOKENS = 24
 ABORT_AFTER = 6  # abort once every sequence has at least this many tokens
 NUM_PROMPTS, NUM_RESPONSES = 2, 2
+IDLE_S = 3.0  # the controller waits this long with device 1 holding no role
+CPU_SAMPLE_S = 0.1  # each rank samples its process's CPU seconds this often
 
 
 class ControllerFailure(RuntimeError):
@@ -172,6 +174,9 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     # 3. device 1: rollout down, reward up; one GenRM judgement
     bus.send(1, StopReplica(replica_id=1))
     res["down1"] = box.take(1, ReplicaDown).report
+    start = time.monotonic()  # device 1 now holds no role, device 0 an idle rollout replica: both should sleep
+    time.sleep(IDLE_S)
+    res["idle_window"] = [start, time.monotonic()]
     bus.send(1, StartReplica(replica_id=3, role="reward", device_ids=[1], min_version=None))
     up = box.take(1, ReplicaUp)
     res["up3"] = {"role": up.role, "version": up.version, "roles_held": up.roles_held}
@@ -236,6 +241,11 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     return res
 
 
+def sample_cpu(samples: list[tuple[float, float]], stop: threading.Event) -> None:
+    while not stop.wait(CPU_SAMPLE_S):
+        samples.append((time.monotonic(), time.process_time()))
+
+
 def controller_thread(address_box: list, ready: threading.Event, out: Path, tiny: Any, world: int) -> None:
     """Owns the ControllerBus (created in this thread); writes result.json, or controller_error.txt and
     shuts the workers down."""
@@ -285,6 +295,10 @@ def main(out: Path) -> None:
         thread.start()
         ready.wait(60)
     address = exchange_address(address_box[0] if address_box else None)
+    cpu_samples: list[tuple[float, float]] = []  # (monotonic time, CPU seconds of this process, every thread)
+    stop_sampling = threading.Event()
+    sampler = threading.Thread(target=sample_cpu, args=(cpu_samples, stop_sampling), daemon=True)
+    sampler.start()
     tokenizer = load_tokenizer(tiny.policy_path)
     spec = WorkerSpec(
         device_id=rank, policy_path=str(tiny.policy_path), genrm_path=str(tiny.genrm_path),
@@ -298,7 +312,9 @@ def main(out: Path) -> None:
         Worker(spec, bus, gps, training_group).run()
     if thread is not None:
         thread.join(WAIT_S)
-    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "worker": "returned"}))
+    stop_sampling.set()
+    sampler.join(5)
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "worker": "returned", "cpu_samples": cpu_samples}))
     gps.close()  # collective barrier: peers may still read this rank's copy one-sidedly
 
 
