@@ -35,7 +35,7 @@ DEPLOYMENTS = {
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--steps", type=int, default=3, help="RL steps per run (default: the embedded default's 3)")
+    parser.add_argument("--steps", type=int, default=8, help="RL steps per run (default: the embedded default's 8)")
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = parser.parse_args(argv)
