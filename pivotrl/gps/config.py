@@ -28,6 +28,8 @@ class GPSConfig:
     buffer_device: Literal["cpu", "cuda"] = "cpu"  # where read destination buffers live
     pin_host_memory: bool = False  # page-lock host copies (CUDA present) for fast host-to-device copies
     copy_threads: int = 1  # threads splitting in-process copies
+    nixl_progress_thread: bool = False  # NIXL's own progress thread: it polls without sleeping (a core per
+    # process); only a UCX transport whose passive side must progress (TCP) needs it
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:

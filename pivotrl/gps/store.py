@@ -365,7 +365,7 @@ def _make_transport(config: GPSConfig, group: dist.ProcessGroup) -> Transport:
     if config.transport == "nixl":
         from pivotrl.gps.transport_nixl import NixlTransport
 
-        return NixlTransport(group, config.copy_threads)
+        return NixlTransport(group, config.copy_threads, progress_thread=config.nixl_progress_thread)
     raise ValueError("transport 'local' cannot move data between the processes of a group; use 'nixl' or 'torch'")
 
 

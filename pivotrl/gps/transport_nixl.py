@@ -7,10 +7,12 @@ process takes no part in the transfer itself. Both sides of a move are cut into 
 byte runs (``paired_runs``), one NIXL descriptor each. On one machine UCX runs over shared memory: set
 ``UCX_TLS=self,sm`` (or ``posix``) and ``UCX_NET_DEVICES=lo``.
 
-No progress thread: NIXL 1.5's agent starts one by default and its Python API gives it no delay, so it polls
-without sleeping, a core per process for the whole run. The initiator progresses its own transfers while it
-waits for them (``check_xfer_state``), sleeping between polls (``_POLL_SLEEPS_S``); the passive side of a
-one-sided READ or WRITE needs no progress over shared memory (CMA), RDMA or CUDA IPC.
+No progress thread by default: NIXL 1.5's agent starts one unless told not to, and its Python API gives it no
+delay, so it polls without sleeping, a core per process for the whole run. The initiator progresses its own
+transfers while it waits for them (``check_xfer_state``), sleeping between polls (``_POLL_SLEEPS_S``); the
+passive side of a one-sided READ or WRITE needs no progress over shared memory (checked: every NIXL test
+and job here). A UCX transport that needs the passive side to progress (TCP between nodes without RDMA)
+wants ``progress_thread=True`` (``GPSConfig.nixl_progress_thread``), at a core per process.
 
 Invariant: ``run`` returns after NIXL reports every posted transfer DONE; an ERR raises.
 """
@@ -34,13 +36,14 @@ class NixlTransport(Transport):
     name = "nixl"
     one_sided = True
 
-    def __init__(self, group: dist.ProcessGroup, copy_threads: int = 1, backend: str = "UCX") -> None:
+    def __init__(self, group: dist.ProcessGroup, copy_threads: int = 1, backend: str = "UCX", *,
+                 progress_thread: bool = False) -> None:
         super().__init__(dist.get_rank(group), copy_threads)
         from nixl._api import nixl_agent, nixl_agent_config
 
         self.group = group
         self.agent = nixl_agent(f"gps-{uuid.uuid4().hex[:12]}-{self.rank}",
-                                nixl_agent_config(enable_prog_thread=False, backends=[]))
+                                nixl_agent_config(enable_prog_thread=progress_thread, backends=[]))
         self.agent.create_backend(backend, {"ucx_error_handling_mode": "none"})
         self._registered: dict[Hashable, tuple[torch.Tensor, object]] = {}
         self._peers: dict[int, str] = {}  # rank -> agent name

@@ -250,6 +250,8 @@ class GPSSection:
     """The Global Parameter Storage settings a user picks (nodes and devices come from ``cluster``)."""
 
     transport: Literal["nixl", "torch"] = "nixl"  # NIXL (UCX), or torch.distributed as the fallback
+    nixl_progress_thread: bool = False  # NIXL's progress thread (a core per process, it never sleeps); only
+    # UCX over TCP between nodes needs it (the passive side of a transfer must progress)
 
     def __post_init__(self) -> None:
         if self.transport not in ("nixl", "torch"):
@@ -313,7 +315,8 @@ class PipelineConfig:
         from pivotrl.gps.config import GPSConfig
 
         return GPSConfig(transport=self.gps.transport, num_nodes=self.cluster.num_nodes,
-                         devices_per_node=self.cluster.devices_per_node)
+                         devices_per_node=self.cluster.devices_per_node,
+                         nixl_progress_thread=self.gps.nixl_progress_thread)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, for_cluster_only: bool = False) -> PipelineConfig:
