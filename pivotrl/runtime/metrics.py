@@ -14,7 +14,7 @@ from pivotrl.planner.state import INFERENCE_ROLES
 if TYPE_CHECKING:
     from pivotrl.runtime.controller import RuntimeCluster
 
-__all__ = ["step_row", "accounting", "step_books", "time_breakdown"]
+__all__ = ["step_row", "accounting", "step_books", "time_breakdown", "engine_rates", "shifts_by_role"]
 
 
 def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +95,8 @@ def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
                                for r in book.records.values()),
         "max_roles_held": cluster.max_roles_held,  # over every report of every worker
         "time_breakdown": time_breakdown(cluster),
+        "engine_rates": engine_rates(cluster),
+        "shifts_by_role": shifts_by_role(cluster),
         "planner_decisions": len(cluster.plane.planner_calls),
         "planner_s": sum(sum(call) for call in cluster.plane.planner_calls),  # controller time inside plan()
     }
@@ -110,3 +112,27 @@ def time_breakdown(cluster: RuntimeCluster) -> dict[str, float]:
     busy = sum(engine.values()) + shift_s + train_s
     return {"device_s": device_s, **engine, "shift_s": shift_s, "train_s": train_s,
             "idle_s": max(device_s - busy, 0.0)}
+
+
+def engine_rates(cluster: RuntimeCluster) -> dict[str, dict[str, float]]:
+    """Per inference role: tokens its engines generated, the seconds of their iterations, and tokens per
+    engine-second (what one engine delivers while it runs; the run's tok/s also counts its waits)."""
+    out = {}
+    for role in INFERENCE_ROLES:
+        tokens, seconds = cluster.tokens_by_role[role], cluster.engine_seconds[role]
+        out[role] = {"tokens": tokens, "engine_s": seconds, "tokens_per_engine_s": tokens / seconds if seconds else 0.0}
+    return out
+
+
+def shifts_by_role(cluster: RuntimeCluster) -> dict[str, dict[str, float]]:
+    """Per ``<role> <direction>`` (``rollout up``, ``training down``, ``rollout reload``: new weights into a live
+    replica, ...): how many the workers reported, their seconds, and, for shifts, their seconds per context
+    kind (``temporary_s``, ``parameters_s``, ...)."""
+    out: dict[str, dict[str, float]] = {}
+    for report in cluster.shift_reports:
+        entry = out.setdefault(f"{report['role']} {report['direction']}", {"count": 0, "seconds": 0.0})
+        entry["count"] += 1
+        for key, value in report.items():
+            if key == "seconds" or (key.endswith("_s") and key != "time_s"):
+                entry[key] = entry.get(key, 0.0) + value
+    return dict(sorted(out.items()))

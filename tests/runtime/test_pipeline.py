@@ -41,6 +41,13 @@ def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
     assert [r["step"] for r in rows] == list(range(num_steps))
     assert all(r["version_lag_max"] is not None and 0 <= r["version_lag_max"] <= staleness for r in rows)
     assert (Path(summary["policy_dir"]) / "config.json").exists()
+    rates = summary["engine_rates"]
+    assert sum(r["tokens"] for r in rates.values()) == summary["engine_tokens"]
+    assert all(r["engine_s"] > 0 and r["tokens_per_engine_s"] > 0 for r in rates.values())
+    shifts = summary["shifts_by_role"]
+    assert sum(s["count"] for s in shifts.values()) == summary["num_shift_reports"]
+    assert all(set(s) >= {"count", "seconds", "temporary_s", "parameters_s"}  # a reload: weights only, no kinds
+               for key, s in shifts.items() if not key.endswith(" reload"))
     cpu = summary["cpu"]  # every worker process's CPU seconds, from its Bye
     assert len(cpu["by_device"]) >= 2 and all(c["user"] > 0 and c["system"] >= 0 for c in cpu["by_device"].values())
     assert cpu["user_s"] == pytest.approx(sum(c["user"] for c in cpu["by_device"].values()))
