@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pivotrl.roles.rebuild import build
 from pivotrl.roles.tiny import TinyBuildSpec, ensure_tiny_checkpoints
 from pivotrl.roles.tiny_moe import TinyMoESpec, ensure_tiny_moe_genrm
 from pivotrl.roles.tiny_quality import REBUILD_FLOORS, quality_figures, unmet_floors
@@ -49,14 +50,10 @@ def variant(k: int) -> TinyMoESpec:
 
 
 def build_and_measure(spec: TinyMoESpec, root: Path, num_prompts: int) -> dict[str, dict[str, float]]:
-    """Build ``spec`` (dense, then MoE) under ``root``; figures per checkpoint name, build seconds included."""
-    t0 = time.perf_counter()
-    dense = ensure_tiny_checkpoints(root, spec.dense)
-    t1 = time.perf_counter()
-    moe = ensure_tiny_moe_genrm(root, spec)
-    t2 = time.perf_counter()
-    return {"tiny": {"build_s": t1 - t0, **quality_figures(dense.policy_path, dense.genrm_path, num_prompts)},
-            "tiny-moe": {"build_s": t2 - t1, **quality_figures(None, moe, num_prompts)}}
+    """Build ``spec`` (dense, then MoE) under ``root`` (``rebuild.build``); figures per checkpoint name, build
+    seconds included."""
+    manifest, _ = build(root, spec, num_prompts)
+    return {name: {"build_s": manifest.built["build_s"][name], **figures} for name, figures in manifest.quality.items()}
 
 
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:

@@ -27,14 +27,16 @@ import time
 from pathlib import Path
 
 from pivotrl.roles.shipped import MANIFEST, SHIPPED_ROOT, Manifest, file_entries, verify
-from pivotrl.roles.tiny import SHIPPED_NAME as TINY, TinyBuildSpec, ensure_tiny_checkpoints
+from pivotrl.roles.tiny import SHIPPED_NAME as TINY, ensure_tiny_checkpoints
 from pivotrl.roles.tiny_moe import SHIPPED_NAME as TINY_MOE, TinyMoESpec, ensure_tiny_moe_genrm
-from pivotrl.roles.tiny_quality import quality_figures, unmet_floors
+from pivotrl.roles.tiny_quality import NUM_PROMPTS, quality_figures, unmet_floors
 
 
-def build(root: Path) -> tuple[Manifest, Path]:
-    """Build the default specs under ``root``, lay them out as shipped in ``root / "shipped"`` and measure them."""
-    dense_spec, moe_spec = TinyBuildSpec(), TinyMoESpec()
+def build(root: Path, moe_spec: TinyMoESpec | None = None, num_prompts: int = NUM_PROMPTS) -> tuple[Manifest, Path]:
+    """Build ``moe_spec`` (default: the default specs; its ``dense`` first) under ``root``, lay them out as
+    shipped in ``root / "shipped"`` and measure them on ``num_prompts`` held-out problems."""
+    moe_spec = moe_spec or TinyMoESpec()
+    dense_spec = moe_spec.dense
     t0 = time.perf_counter()
     dense = ensure_tiny_checkpoints(root / "cache", dense_spec)
     t1 = time.perf_counter()
@@ -43,8 +45,8 @@ def build(root: Path) -> tuple[Manifest, Path]:
     out = root / "shipped"
     shutil.copytree(dense.policy_path.parent, out / TINY)
     shutil.copytree(moe.parent, out / TINY_MOE)
-    quality = {TINY: quality_figures(out / TINY / "policy", out / TINY / "genrm"),
-               TINY_MOE: quality_figures(None, out / TINY_MOE / "genrm")}
+    quality = {TINY: quality_figures(out / TINY / "policy", out / TINY / "genrm", num_prompts),
+               TINY_MOE: quality_figures(None, out / TINY_MOE / "genrm", num_prompts)}
     manifest = Manifest(digests={TINY: dense_spec.digest(), TINY_MOE: moe_spec.digest()},
                         files=file_entries(out, [TINY, TINY_MOE]), built=_machine(t1 - t0, t2 - t1), quality=quality)
     (out / MANIFEST).write_text(manifest.to_json())

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pivotrl.roles.arithmetic import ArithmeticProblem
-from pivotrl.roles.data import PromptRecord, chat_token_ids, heldout_arithmetic
+from pivotrl.roles.data import chat_token_ids, heldout_arithmetic
 from pivotrl.roles.reward import GenRMScore, RewardConfig, genrm_messages, parse_score, verifiable_reward
 from pivotrl.roles.tiny_warmup import GENRM_SCALE, policy_response, wrong_response
 
@@ -97,29 +96,6 @@ def problem_of(question: str) -> ArithmeticProblem:
 def heldout_problems(num_prompts: int = NUM_PROMPTS) -> list[ArithmeticProblem]:
     """The first ``num_prompts`` held-out problems as ``ArithmeticProblem`` values."""
     return [problem_of(record.question) for record in heldout_arithmetic(num_prompts)]
-
-
-def reference_logprob(policy_path: Path | str, records: Sequence[PromptRecord]) -> float:
-    """Mean per-token log-prob that the policy at ``policy_path`` gives the correct response
-    (``policy_response`` + end of text) to each arithmetic record, prompted as the run prompts it: how far
-    RL on these records has moved the policy towards answering them right."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pivotrl.roles.tiny import load_tokenizer
-
-    tokenizer = load_tokenizer(policy_path)
-    policy = AutoModelForCausalLM.from_pretrained(str(policy_path)).eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for record in records:
-            prompt = chat_token_ids(record.messages, tokenizer)
-            target = tokenizer.encode(policy_response(problem_of(record.question)), add_special_tokens=False)
-            target.append(tokenizer.eos_token_id)
-            logits = policy(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]
-            total += float(logits.log_softmax(-1).gather(1, torch.tensor(target)[:, None]).sum())
-            count += len(target)
-    return total / count
 
 
 def policy_quality(path: Path | str, num_prompts: int = NUM_PROMPTS) -> PolicyQuality:

@@ -66,7 +66,7 @@ def run(cfg: Any) -> RunResult:
     training = training_device_ids(cfg)
     gps_group = dist.new_group(list(range(world)), backend="gloo")
     training_group = dist.new_group(list(training), backend="gloo")
-    policy_path, genrm_path = _checkpoints(cfg)
+    policy_path, genrm_path = embedded_checkpoints((cfg.models.policy, cfg.models.genrm))
     resumed = _resume_point(cfg, rank)
     gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
     result = RunResult()
@@ -133,16 +133,6 @@ def _resume_point(cfg: Any, rank: int) -> ResumePoint:
         return ResumePoint()
     folder = Path(found)  # a restarted job's folder may have no checkpoint yet: it starts again at step 0
     return ResumePoint(folder, latest(folder))
-
-
-def _checkpoints(cfg: Any) -> tuple[Path, Path]:
-    """Model folders; "tiny" / "tiny-moe" are the embedded checkpoints shipped in the package (nothing to build)."""
-    from pivotrl.runtime.config import TINY, TINY_MOE
-
-    names = (cfg.models.policy, cfg.models.genrm)
-    if TINY in names or TINY_MOE in names:
-        return embedded_checkpoints(names)
-    return Path(names[0]), Path(names[1])
 
 
 def embedded_checkpoints(names: tuple[str, str]) -> tuple[Path, Path]:
