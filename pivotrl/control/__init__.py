@@ -26,8 +26,9 @@ def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Any = Non
     """The deployment ``dep`` on ``num_devices`` (``strategy`` overrides the registry's, shiftable only)."""
     if dep.kind == "colocated":
         return Colocated(num_devices)
+    training, staleness = dep.training_set(num_devices), dep.staleness_bound
     if dep.kind == "disaggregated":
-        return Disaggregated(dep.rollout_devices, dep.reward_devices, dep.training_devices)
+        return Disaggregated(dep.rollout_devices, dep.reward_devices, training, staleness=staleness)
     if dep.kind == "rr_colocated":
-        return RRColocated(dep.rollout_devices, dep.training_devices)
+        return RRColocated(dep.rollout_devices, training, staleness=staleness)
     return Shiftable(num_devices, dep, strategy)

@@ -52,6 +52,20 @@ class DeploymentConfig:
                              f"{self.tick_s}, {self.max_tick_s}")
 
     @property
+    def staleness_bound(self) -> int:
+        """The staleness the run's ledger enforces: colocated is synchronous (0), the others
+        ``staleness``."""
+        return 0 if self.kind == "colocated" else self.staleness
+
+    def training_set(self, num_devices: int) -> tuple[int, ...]:
+        """The devices training runs on: the whole cluster when colocated, else the last
+        ``training_devices`` (inference pools and initial replicas fill the cluster from device 0)."""
+        k = num_devices if self.kind == "colocated" else self.training_devices
+        if not 0 < k <= num_devices:
+            raise ValueError(f"deployment.training_devices must be in [1, {num_devices}] for {self.kind}, got {k}")
+        return tuple(range(num_devices - k, num_devices))
+
+    @property
     def name(self) -> str:
         if self.label:
             return self.label

@@ -23,7 +23,14 @@ __all__ = ["Deployment", "Colocated", "Disaggregated", "RRColocated"]
 
 
 class Deployment:
-    """Hooks the control plane calls; the default does nothing."""
+    """Hooks the control plane calls; the default does nothing.
+
+    ``staleness``: the bound the run's ledger enforces; ``training_set``: the devices training runs
+    on. Both are the deployment's decisions (``DeploymentConfig.staleness_bound`` / ``training_set``);
+    the backends read them here."""
+
+    staleness: int = 0
+    training_set: tuple[int, ...] = ()
 
     def start(self, cp: ControlPlane) -> None:
         raise NotImplementedError
@@ -66,8 +73,11 @@ class Deployment:
 class Colocated(Deployment):
     """All devices, one stage at a time: rollout → GenRM → training → rollout of the next step."""
 
+    staleness = 0  # synchronous: a step's rollouts use the policy its previous step trained
+
     def __init__(self, num_devices: int) -> None:
         self.devices = list(range(num_devices))
+        self.training_set = tuple(self.devices)
         self.phase = "rollout"
 
     def start(self, cp: ControlPlane) -> None:
@@ -111,8 +121,9 @@ class Colocated(Deployment):
 class _AsyncTraining(Deployment):
     """A fixed training pool that trains each batch as soon as it is ready (in order)."""
 
-    def __init__(self, training: list[int]) -> None:
-        self.training = tuple(training)
+    def __init__(self, training: tuple[int, ...], staleness: int) -> None:
+        self.training = self.training_set = tuple(training)
+        self.staleness = staleness
 
     def on_batch_ready(self, cp: ControlPlane, step: int) -> None:
         self._maybe_train(cp)
@@ -133,9 +144,12 @@ class _AsyncTraining(Deployment):
 class Disaggregated(_AsyncTraining):
     """Fixed pools; rollouts of every unlocked step run as soon as the staleness bound allows."""
 
-    def __init__(self, rollout: int, reward: int, training: int) -> None:
-        super().__init__(list(range(rollout + reward, rollout + reward + training)))
+    def __init__(self, rollout: int, reward: int, training: tuple[int, ...], *, staleness: int) -> None:
+        super().__init__(training, staleness)
         self.rollout, self.reward = list(range(rollout)), list(range(rollout, rollout + reward))
+        if set(self.rollout + self.reward) & set(training):
+            raise ValueError(f"disaggregated: the rollout and reward pools (devices 0..{rollout + reward - 1}) "
+                             f"overlap the training set {training}")
 
     def start(self, cp: ControlPlane) -> None:
         cp.start_replicas("rollout", self.rollout, initial=True)
@@ -152,9 +166,12 @@ class Disaggregated(_AsyncTraining):
 class RRColocated(_AsyncTraining):
     """Rollout and GenRM alternate on a shared pool, a batch at a time; training on its own pool."""
 
-    def __init__(self, shared: int, training: int) -> None:
-        super().__init__(list(range(shared, shared + training)))
+    def __init__(self, shared: int, training: tuple[int, ...], *, staleness: int) -> None:
+        super().__init__(training, staleness)
         self.shared = list(range(shared))
+        if set(self.shared) & set(training):
+            raise ValueError(f"rr_colocated: the shared pool (devices 0..{shared - 1}) overlaps the training set "
+                             f"{training}")
         self.phase = "rollout"
         self.rolling = False  # the rollout phase has released its step (its replicas are up)
 

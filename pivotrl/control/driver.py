@@ -7,16 +7,25 @@ replicas report) or ``set_generated`` (an engine's exact count for one sequence,
 report). Shift down with migration is Alg. 3 and shift up Alg. 4; without migration (the Fig. 11
 ablations) aborted sequences restart from their prompts, a choice the scheduler itself makes.
 
+Room freed by a finished (or cancelled) sequence is given to the queue by the driver itself, the
+same way for every backend: at once, or, while a backend reports inside ``reporting()`` (several
+finishes of one engine step, a simulated replica synced segment by segment) or the driver is inside
+one of its own operations, once that batch or operation ends.
+
 Invariants: every live sequence is in exactly one place, the scheduler's queue or one replica, and
 the replica backend that runs it is the one the scheduler names; a backend's ``leave`` count is the
 scheduler's count; ``sync`` runs before any scheduler decision that depends on progress.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Literal
 
 from pivotrl.control.backend import ReplicaBackend, RoleSpec
 from pivotrl.scheduler import Abort, Action, ReplicaSpec, ShiftAwareScheduler
+from pivotrl.scheduler.queue import WaitingSequence
+from pivotrl.scheduler.scheduler import ReplicaId
 
 __all__ = ["RoleDriver", "DriverError"]
 
@@ -41,6 +50,8 @@ class RoleDriver:
         self.discarded_tokens = 0  # generated, then thrown away by a restart (no migration)
         self._sync = sync
         self._on_finished = on_finished
+        self._depth = 0  # nesting of driver operations and backend reports in progress
+        self._room_freed = False  # a finish happened inside them: dispatch when the outermost ends
 
     # ------------------------------------------------------------------ reading
     @property
@@ -71,9 +82,30 @@ class RoleDriver:
         self.dispatch()
 
     def dispatch(self) -> None:
-        if self.num_waiting and self.replicas:
-            self._sync()
-            self.apply(self.scheduler.dispatch())
+        """Dispatch (§6.1) the queue onto the replicas, after syncing their progress."""
+        with self._operation():
+            if self.num_waiting and self.replicas:
+                self._sync()  # (finishes it brings are served by this very dispatch)
+                self._room_freed = False
+                self.apply(self.scheduler.dispatch())
+            self._room_freed = False
+
+    @contextmanager
+    def reporting(self) -> Iterator[None]:
+        """A batch of backend reports (progress, finishes): the dispatch a finish calls for waits for its
+        end, so the queue is dispatched once against the whole batch's state."""
+        with self._operation():
+            yield
+
+    @contextmanager
+    def _operation(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self._room_freed:
+            self.dispatch()
 
     def advance(self, replica_id: int, num_iterations: int) -> None:
         """Every sequence on the replica generated ``num_iterations`` more tokens."""
@@ -84,10 +116,28 @@ class RoleDriver:
         self.scheduler.set_generated(seq_id, generated_tokens)
 
     def finish(self, seq_id: int) -> None:
-        """A running sequence completed on its replica."""
-        self.scheduler.finish(seq_id)
-        if self._on_finished is not None:
-            self._on_finished(self.role, seq_id)
+        """A running sequence completed on its replica; the queue gets the room it frees."""
+        with self._operation():
+            self.scheduler.finish(seq_id)
+            self._room_freed = True
+            if self._on_finished is not None:
+                self._on_finished(self.role, seq_id)
+
+    def cancel(self, seq_id: int) -> tuple[ReplicaId | None, WaitingSequence]:
+        """Take a live sequence out wherever the scheduler has it (it finished on an engine the
+        scheduler had already moved it from); returns the replica it was on (None: queued) and its
+        last state there."""
+        with self._operation():
+            out = self.scheduler.cancel(seq_id)
+            self._room_freed = True
+        return out
+
+    def abort(self, replica_id: ReplicaId, which: Literal["all", "shortest"] = "all") -> None:
+        """Abort sequences of one replica (they wait in the queue) and re-dispatch."""
+        with self._operation():
+            self._sync()
+            self.apply(self.scheduler.abort(replica_id, which))
+            self._room_freed = True
 
     # ------------------------------------------------------------------ replicas
     def add_replicas(self, backends: list[ReplicaBackend], *, migrate: bool = True) -> None:
@@ -97,12 +147,13 @@ class RoleDriver:
         clash = sorted({rid for rid in ids if rid in self.replicas or ids.count(rid) > 1})
         if clash:  # checked before any is registered: a refused batch changes nothing
             raise DriverError(f"{self.role} replica(s) {clash} already registered or given twice")
-        self._sync()
-        for rep in backends:
-            self.replicas[rep.replica_id] = rep
-        specs = [ReplicaSpec(replica_id=rep.replica_id, model=self.spec.model,
-                             kv_capacity_tokens=self.spec.kv_capacity_tokens) for rep in backends]
-        self.apply(self.scheduler.shift_up(specs, migrate=migrate))
+        with self._operation():
+            self._sync()
+            for rep in backends:
+                self.replicas[rep.replica_id] = rep
+            specs = [ReplicaSpec(replica_id=rep.replica_id, model=self.spec.model,
+                                 kv_capacity_tokens=self.spec.kv_capacity_tokens) for rep in backends]
+            self.apply(self.scheduler.shift_up(specs, migrate=migrate))
 
     def remove_replicas(self, replica_ids: list[int], *, migrate: bool = True) -> list[ReplicaBackend]:
         """Shift down (Alg. 3): abort everything there and re-dispatch (without ``migrate`` the aborted
@@ -110,12 +161,13 @@ class RoleDriver:
         unknown = [rid for rid in replica_ids if rid not in self.replicas]
         if unknown:
             raise DriverError(f"{self.role}: unknown replica(s) {unknown}; live: {sorted(self.replicas)}")
-        self._sync()
-        actions = self.scheduler.shift_down(replica_ids, migrate=migrate)
-        if not migrate:
-            self.discarded_tokens += sum(a.generated_tokens for a in actions if isinstance(a, Abort))
-        self.apply(actions)
-        return [self.replicas.pop(rid) for rid in replica_ids]
+        with self._operation():
+            self._sync()
+            actions = self.scheduler.shift_down(replica_ids, migrate=migrate)
+            if not migrate:
+                self.discarded_tokens += sum(a.generated_tokens for a in actions if isinstance(a, Abort))
+            self.apply(actions)
+            return [self.replicas.pop(rid) for rid in replica_ids]
 
     def apply(self, actions: list[Action]) -> None:
         """Carry scheduler actions out: every Abort (``leave``), then every Dispatch (``join``)."""

@@ -12,6 +12,10 @@ Events (called by backends): ``replicas_up``, ``sequence_finished``, ``training_
 Commands (called by deployments and the executor): ``release_next``/``release_all``,
 ``start_replicas``, ``stop_replicas``/``stop_role``, ``train``, ``end_training``.
 
+The plane also makes the decisions every backend must make alike: the ledger it builds (under
+``deployment.staleness``), the dispatch after a finish (``RoleDriver``) and the run's end
+(``finished``: every step trained and published); backends only read them.
+
 Invariants: the ledger's invariants (each sequence rolled out, judged and trained exactly once;
 staleness bound; versions in order); a device serves at most one role (``check_devices``).
 """
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pivotrl.control.backend import Clock, ClusterBackend, ReplicaBackend
+from pivotrl.control.deployments import Deployment
 from pivotrl.control.driver import DriverError, RoleDriver
 from pivotrl.control.ledger import LedgerError, StepLedger
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
@@ -37,11 +42,14 @@ def group_devices(devices: list[int], tp: int) -> list[tuple[int, ...]]:
 class ControlPlane:
     """Ledger + role drivers + deployment over one backend; see the module docstring."""
 
-    def __init__(self, *, backend: ClusterBackend, clock: Clock, deployment: Any, ledger: StepLedger) -> None:
+    def __init__(self, *, backend: ClusterBackend, clock: Clock, deployment: Deployment, num_steps: int,
+                 seqs_per_step: int, first_step: int = 0) -> None:
         self.backend = backend
         self.clock = clock
         self.deployment = deployment
-        self.ledger = ledger
+        # the RL data flow, under the deployment's staleness bound (colocated: 0)
+        self.ledger = StepLedger(num_steps=num_steps, seqs_per_step=seqs_per_step,
+                                 staleness=deployment.staleness, first_step=first_step)
         self.drivers: dict[InferenceRole, RoleDriver] = {
             role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role)) for role in INFERENCE_ROLES}
         self.step_end_s: list[float] = []
@@ -56,6 +64,12 @@ class ControlPlane:
     @property
     def now(self) -> float:
         return self.clock.now()
+
+    @property
+    def finished(self) -> bool:
+        """The run's end, for every backend: every step trained and its policy version published."""
+        ledger = self.ledger
+        return ledger.done and ledger.version >= ledger.num_steps
 
     def devices_by_role(self) -> dict[str, int]:
         out = {role: len(d.device_ids()) for role, d in self.drivers.items()}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pivotrl.control.backend import RoleSpec
-from pivotrl.control.ledger import StepLedger
+from pivotrl.control.deployments import Deployment
 from pivotrl.control.plane import ControlPlane
 from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
 from pivotrl.runtime import messages as m
@@ -140,8 +140,8 @@ class RuntimeReplica:
 class RuntimeCluster:
     """``ClusterBackend`` + message handling; owns the ``ControlPlane`` of the run."""
 
-    def __init__(self, spec: ControllerSpec, bus: Any, book: RolloutBook, deployment: Any, *, num_steps: int,
-                 staleness: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None,
+    def __init__(self, spec: ControllerSpec, bus: Any, book: RolloutBook, deployment: Deployment, *,
+                 num_steps: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None,
                  run_folder: Any = None, resumed: Any = None, clock: WallClock | None = None) -> None:
         self.spec, self.bus, self.book = spec, bus, book
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // spec.devices_per_node)
@@ -156,7 +156,6 @@ class RuntimeCluster:
         self.shift_reports: list[dict[str, Any]] = []
         self.tokens_by_role: dict[str, int] = defaultdict(int)
         self.engine_seconds: dict[str, float] = defaultdict(float)
-        self.published_version = 0
         self.train_stats: dict[int, list[dict[str, Any]]] = defaultdict(list)
         self.trained_sequences: dict[int, int] = {}  # step -> sequences sent to the trainer
         self._pending_up: dict[int, tuple[InferenceRole, tuple[int, ...]]] = {}
@@ -175,14 +174,17 @@ class RuntimeCluster:
         self.run_folder = run_folder
         self.resumed = resumed  # a Checkpoint, or None for a new run
         first_step = 0 if resumed is None else resumed.step
-        self.published_version = first_step
         self.prior_books: dict[str, list[Any]] = {} if resumed is None else dict(resumed.state["books"])
         self.prior_seconds = 0.0 if resumed is None else float(resumed.state.get("seconds", 0.0))
         self._checkpoint_saved: dict[int, str] = {}  # step -> where its trainer files went
         self.checkpoints: list[int] = []  # steps committed by this process
-        ledger = StepLedger(num_steps=num_steps, seqs_per_step=book.seqs_per_step, staleness=staleness,
-                            first_step=first_step)
-        self.plane = ControlPlane(backend=self, clock=self.clock, deployment=deployment, ledger=ledger)
+        self.plane = ControlPlane(backend=self, clock=self.clock, deployment=deployment, num_steps=num_steps,
+                                  seqs_per_step=book.seqs_per_step, first_step=first_step)
+
+    @property
+    def published_version(self) -> int:
+        """The newest policy version every device's GPS copy holds (the ledger's)."""
+        return self.plane.ledger.version
 
     # ------------------------------------------------------------------ ClusterBackend
     def role_spec(self, role: InferenceRole) -> RoleSpec:
@@ -301,8 +303,9 @@ class RuntimeCluster:
                 rec.min_version = msg.version if rec.min_version is None else min(rec.min_version, msg.version)
                 rec.generated_ids.extend(new_ids)
                 driver.set_generated(seq_id, len(rec.generated_ids))
-        for fin in msg.finished:
-            self._finished(role, msg.replica_id, fin, msg.version)  # type: ignore[arg-type]
+        with driver.reporting():  # the driver dispatches into the room they free once, after them all
+            for fin in msg.finished:
+                self._finished(role, msg.replica_id, fin, msg.version)
         if rep is not None:
             rep.observe(msg.num_new_tokens, msg.latency_s, msg.num_running_seqs)
             rep.version = msg.version
@@ -315,7 +318,7 @@ class RuntimeCluster:
         if rec.replica_id == replica_id and not rec.in_transit:
             driver.finish(fin.seq_id)
         else:  # it finished before its abort reached the engine: take it out wherever the scheduler put it
-            driver.scheduler.cancel(fin.seq_id)
+            driver.cancel(fin.seq_id)
         if role == "rollout":
             oldest = version if rec.min_version is None else min(rec.min_version, version)
             self.book.response_done(fin.seq_id, fin.token_ids, version, logprobs=fin.logprobs, min_version=oldest)
@@ -370,7 +373,6 @@ class RuntimeCluster:
     def _on_Written(self, device: int, msg: m.Written) -> None:
         self._written[msg.version].add(device)
         if len(self._written[msg.version]) == self.spec.num_devices:
-            self.published_version = msg.version
             self._emit_step(msg.version - 1)
             if msg.version - 1 in self._checkpoint_saved:
                 self._commit_checkpoint(msg.version)
@@ -415,7 +417,7 @@ class RuntimeCluster:
         deadline = time.monotonic() + self.spec.timeout_s
         self.plane.start()
         ledger = self.plane.ledger
-        while not (ledger.done and self.published_version >= ledger.num_steps):
+        while not self.plane.finished:
             if time.monotonic() > deadline:
                 raise RunFailed(f"run timed out after {self.spec.timeout_s:.0f} s: trained {ledger.trained}/"
                                 f"{ledger.num_steps}, released {ledger.released}, published {self.published_version}")

@@ -93,9 +93,8 @@ def run(cfg: Any) -> RunResult:
 
 
 def training_device_ids(cfg: Any) -> tuple[int, ...]:
-    """The fixed training set: the last ``num_training_devices`` devices (the deployments' convention)."""
-    n, k = cfg.num_devices, cfg.num_training_devices
-    return tuple(range(n - k, n))
+    """The fixed training set, as the deployment decides it (``DeploymentConfig.training_set``)."""
+    return cfg.deployment.training_set(cfg.num_devices)
 
 
 # ---------------------------------------------------------------------- set-up
@@ -329,9 +328,8 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any, *
                                                        temperature=cfg.genrm.temperature)},
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
                           checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints)
-    staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
-                          num_steps=cfg.run.num_steps, staleness=staleness, on_step=on_step, run_folder=run_folder,
+                          num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,
                           resumed=resumed)
 
 

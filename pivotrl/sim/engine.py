@@ -12,7 +12,8 @@ control plane's, the same objects that drive real engines in ``pivotrl.runtime``
 
 Invariants: simulated time never decreases; every sequence of the workload is generated exactly
 once per role (the rollout, then its judgement) and every generated token is counted once; the
-run ends exactly when the last step has trained.
+run ends when the control plane says so (the last step trained and its version published); its
+makespan is when the last step trained.
 """
 from __future__ import annotations
 
@@ -74,10 +75,9 @@ class Simulator:
             seed = int(rng.integers(2**63))
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
                                        schedule=self.schedule, on_finished=self._finished)
-        staleness = 0 if cfg.deployment.kind == "colocated" else cfg.deployment.staleness
-        ledger = StepLedger(num_steps=wl.num_steps, seqs_per_step=wl.seqs_per_step, staleness=staleness)
         self.deployment = deployment
-        self.plane = ControlPlane(backend=self, clock=self, deployment=deployment, ledger=ledger)
+        self.plane = ControlPlane(backend=self, clock=self, deployment=deployment, num_steps=wl.num_steps,
+                                  seqs_per_step=wl.seqs_per_step)
         for role, sim_role in self.roles.items():
             sim_role.driver = self.plane.drivers[role]  # type: ignore[index]
         self.timeline: list[TimelinePoint] = []
@@ -123,8 +123,8 @@ class Simulator:
         if self.cfg.record_timeline:
             self.schedule(0.0, self._sample)
         self.schedule(_WATCHDOG_S, self._watchdog, 0.0)
-        events, ledger = self._events, self.ledger
-        while not ledger.done:
+        events, plane = self._events, self.plane
+        while not plane.finished:
             if not events:
                 raise SimulationStalled(self._stall_report("no pending event"))
             time, _, fn, args = heapq.heappop(events)

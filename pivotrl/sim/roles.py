@@ -134,9 +134,9 @@ class SimRole:
         rep = self.replicas.get(replica_id)
         if rep is None or rep.version != version:
             return
-        self._sync(rep, now, to_completion=True)
-        self._reschedule(rep)
-        self.d.dispatch()
+        with self.d.reporting():  # the driver dispatches into the freed room once the report is in
+            self._sync(rep, now, to_completion=True)
+            self._reschedule(rep)
 
     def stall_all(self, seconds: float, now: float) -> None:
         """Every replica pauses ``seconds`` (e.g. a new policy version is loaded from GPS)."""
@@ -180,8 +180,12 @@ class SimRole:
     def _sync(self, rep: SimReplica, now: float, to_completion: bool = False) -> bool:
         """Advance a replica (truth and scheduler) to the first boundary at or after ``now``, segment by
         segment (a completion changes the batch); hand finished sequences on. True if any finished."""
-        any_finished = False
         driver = self.d
+        with driver.reporting():  # finishes free room; the driver dispatches it once the sync is done
+            return self._sync_segments(driver, rep, now, to_completion)
+
+    def _sync_segments(self, driver: RoleDriver, rep: SimReplica, now: float, to_completion: bool) -> bool:
+        any_finished = False
         while True:
             m, finished = rep.sync(now, to_completion)
             if m:
@@ -191,8 +195,6 @@ class SimRole:
                 self._on_finished(self.role, seq_id, rep.clock)
             if not finished:
                 return any_finished
-            if not any_finished and not to_completion and driver.num_waiting:
-                self._schedule(rep.clock, driver.dispatch)  # freed room: dispatch when they finish
             any_finished = True
             rep.refresh()
             to_completion = False

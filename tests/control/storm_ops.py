@@ -310,10 +310,9 @@ class Storm:
                                                        shift_probability=cfg.shift_probability))
         dep = cfg.deployment()
         dep.check(cfg.num_devices, cfg.rollout_tp, cfg.reward_tp)
-        ledger = StepLedger(num_steps=cfg.num_steps, seqs_per_step=cfg.seqs_per_step,
-                            staleness=0 if cfg.kind == "colocated" else cfg.staleness)
         self.deployment = make_deployment(dep, cfg.num_devices, self.strategy)
-        self.cp = ControlPlane(backend=self.backend, clock=self.backend, deployment=self.deployment, ledger=ledger)
+        self.cp = ControlPlane(backend=self.backend, clock=self.backend, deployment=self.deployment,
+                               num_steps=cfg.num_steps, seqs_per_step=cfg.seqs_per_step)
         self.backend.plane = self.cp
         self.num_ops = 0
         self.num_checks = 0
@@ -393,12 +392,11 @@ class Storm:
             self.cp.drivers[role].finish(seq)
         else:  # it finished on its old engine before the abort got there: the runtime cancels it
             role, seq = pick(draw, waiting)
-            where, last = self.cp.drivers[role].scheduler.cancel(seq)
+            where, last = self.cp.drivers[role].cancel(seq)
             _need(where is None, f"{role} seq {seq} was waiting, cancel found it on {where}")
             b.final[role][seq] = last.generated_tokens
         b.final_tokens[role] += b.final[role][seq]
-        b.transit[role].append(seq)
-        self.cp.drivers[role].dispatch()
+        b.transit[role].append(seq)  # (the driver itself dispatched into the freed room)
 
     def _can_report(self) -> bool:
         return any(self.backend.transit.values())
@@ -417,9 +415,7 @@ class Storm:
 
     def _op_abort(self, draw: Draw) -> None:
         eng = pick(draw, self._busy_engines())
-        driver = self.cp.drivers[eng.role]
-        driver.apply(driver.scheduler.abort(eng.replica_id, "all" if draw(0, 1) else "shortest"))
-        driver.dispatch()
+        self.cp.drivers[eng.role].abort(eng.replica_id, "all" if draw(0, 1) else "shortest")
 
     # ------------------------------------------------------------------ shifts of random replicas
     def _can_shift_down(self) -> bool:

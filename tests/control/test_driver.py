@@ -88,8 +88,7 @@ def test_advance_and_set_generated_drive_the_scheduler_alike(num_seqs: int, kv: 
                 for driver, name in ((a, "a"), (b, "b")):
                     for eng in engines[name].values():
                         eng.generated.pop(s, None)
-                    driver.finish(s)
-                a.dispatch(), b.dispatch()
+                    driver.finish(s)  # (each driver dispatches into the room itself)
         for driver, name in ((a, "a"), (b, "b")):
             driver.scheduler.check_invariants()
             for rid in driver.replicas:  # the backend holds exactly what the scheduler places there
@@ -154,3 +153,46 @@ def test_a_refused_replica_batch_registers_nothing() -> None:
     with pytest.raises(DriverError, match=r"\b6\b"):
         driver.add_replicas([Engine(6, log), Engine(6, log)])
     assert _queue_and_replicas(driver) == before and 6 not in driver.replicas
+
+
+def test_a_finish_gives_its_room_to_the_queue() -> None:
+    """The driver dispatches after a finish by itself: a replica whose KV holds one sequence at a time
+    runs a queue of three to the end with nothing but finishes reported."""
+    driver, log = _driver(160)
+    eng = Engine(0, log)
+    driver.add_replicas([eng])
+    driver.submit([(1, 100), (2, 100), (3, 100)])
+    assert set(eng.generated) == {1} and driver.num_waiting == 2
+    done = []
+    while eng.generated:
+        (s,) = eng.generated
+        eng.generated.pop(s)
+        driver.finish(s)
+        done.append(s)
+    assert done == [1, 2, 3] and driver.num_live == 0
+
+
+def test_finishes_reported_together_are_dispatched_once() -> None:
+    driver, log = _driver(260)
+    eng = Engine(0, log)
+    driver.add_replicas([eng])
+    driver.submit([(s, 100) for s in range(6)])
+    assert sorted(eng.generated) == [0, 1]
+    log.clear()
+    with driver.reporting():
+        for s in (0, 1):
+            eng.generated.pop(s)
+            driver.finish(s)
+        assert not log and driver.num_waiting == 4  # nothing moves before the batch ends
+    assert log == [("join", 0, 2, 0), ("join", 0, 3, 0), ("settle", 0)]
+
+
+def test_a_cancel_frees_room_too() -> None:
+    driver, log = _driver(160)
+    eng = Engine(0, log)
+    driver.add_replicas([eng])
+    driver.submit([(1, 100), (2, 100)])
+    where, last = driver.cancel(1)  # it finished on an engine the scheduler had moved it from
+    assert (where, last.seq_id) == (0, 1)
+    eng.generated.pop(1)
+    assert set(eng.generated) == {2}

@@ -39,7 +39,8 @@ def tokenizer():
 
 
 def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int = 4, group: int = 2,
-         kv_tokens: int = 100_000, up_delay_seed: int | None = None) -> tuple[RuntimeCluster, FakeBus]:
+         kv_tokens: int = 100_000, rollout_kv_tokens: int | None = None,
+         up_delay_seed: int | None = None) -> tuple[RuntimeCluster, FakeBus]:
     bus = FakeBus(NUM_DEVICES, answer_ids=tokenizer.encode("Answer: 1"), up_delay_seed=up_delay_seed)
     book = RolloutBook(PromptDataset.arithmetic(16, seed=0), tokenizer, prompts_per_step=prompts, group_size=group,
                        seed=0, reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400)
@@ -48,11 +49,11 @@ def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int =
                           sampling={"rollout": Sampling(max_tokens=6, temperature=1.0),
                                     "reward": Sampling(max_tokens=4, temperature=0.0)},
                           belief={"rollout": model, "reward": model},
-                          kv_capacity_tokens={"rollout": kv_tokens, "reward": kv_tokens})
+                          kv_capacity_tokens={"rollout": rollout_kv_tokens or kv_tokens, "reward": kv_tokens})
     rows: list[dict] = []
     dep.check(NUM_DEVICES, 1, 1)
     cluster = RuntimeCluster(spec, bus, book, make_deployment(dep, NUM_DEVICES), num_steps=num_steps,
-                             staleness=dep.staleness if dep.kind != "colocated" else 0, on_step=rows.append,
+                             on_step=rows.append,
                              clock=WallClock(source=bus.time))  # the fakes' time: the same decisions on any machine
     cluster.run()
     cluster.save_policy("/nowhere")
@@ -86,6 +87,21 @@ def _check_accounting(cluster: RuntimeCluster, bus: FakeBus, num_steps: int) -> 
 def test_every_deployment_keeps_the_books(name: str, tokenizer) -> None:
     cluster, bus = _run(DEPLOYMENTS[name], tokenizer)
     _check_accounting(cluster, bus, 3)
+
+
+@pytest.mark.parametrize("name", ["disaggregated", "colocated", "rr_colocated"])
+def test_a_static_deployment_whose_kv_holds_a_few_sequences_finishes(name: str, tokenizer) -> None:
+    """Nothing but finishes free room on a static deployment: the driver must dispatch the queue into
+    it (the runtime used to wait for the next submit or shift, forever)."""
+    book = RolloutBook(PromptDataset.arithmetic(16, seed=0), tokenizer, prompts_per_step=4, group_size=2, seed=0,
+                       reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400)
+    longest = max(n for step in range(3) for _, n in book.rollouts(step))
+    kv = 2 * (longest + 6)  # two rollouts at a time per replica; a step has 8
+    cluster, bus = _run(DEPLOYMENTS[name], tokenizer, num_steps=3, rollout_kv_tokens=kv, kv_tokens=420)
+    _check_accounting(cluster, bus, 3)
+    rollout_adds = [msg for _, msg in bus.sent if msg.kind == "AddSequences"
+                    and cluster._role_by_replica[msg.replica_id] == "rollout"]
+    assert max(len(msg.seqs) for msg in rollout_adds) <= 2  # it really held no more than two at once
 
 
 def test_chaos_shifts_in_every_direction(tokenizer) -> None:
