@@ -40,7 +40,7 @@ def tokenizer():
 
 def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int = 4, group: int = 2,
          kv_tokens: int = 100_000, rollout_kv_tokens: int | None = None,
-         up_delay_seed: int | None = None) -> tuple[RuntimeCluster, FakeBus]:
+         up_delay_seed: int | None = None, tape=None) -> tuple[RuntimeCluster, FakeBus]:
     bus = FakeBus(NUM_DEVICES, answer_ids=tokenizer.encode("Answer: 1"), up_delay_seed=up_delay_seed)
     book = RolloutBook(PromptDataset.arithmetic(16, seed=0), tokenizer, prompts_per_step=prompts, group_size=group,
                        seed=0, reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400)
@@ -55,11 +55,17 @@ def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int =
     cluster = RuntimeCluster(spec, bus, book, make_deployment(dep, NUM_DEVICES), num_steps=num_steps,
                              on_step=rows.append,
                              clock=WallClock(source=bus.time))  # the fakes' time: the same decisions on any machine
+    if tape is not None:  # record what the plane is told and does (tests/control/tape.py)
+        tape.record(cluster.plane)
     cluster.run()
     cluster.save_policy("/nowhere")
     cluster.shutdown()
     cluster.rows = rows  # type: ignore[attr-defined]
     return cluster, bus
+
+
+def run_recorded(dep: DeploymentConfig, tape, **kwargs) -> tuple[RuntimeCluster, FakeBus]:
+    return _run(dep, load_tokenizer(ensure_tiny_checkpoints().policy_path), tape=tape, **kwargs)
 
 
 def _check_accounting(cluster: RuntimeCluster, bus: FakeBus, num_steps: int) -> None:
