@@ -62,6 +62,10 @@ class Deployment:
     def training_devices_in_use(self, cp: ControlPlane) -> int:
         return 0
 
+    def first_device(self, role: InferenceRole) -> int:
+        """A device the deployment places ``role`` on first (where a run profiles the role's engine)."""
+        return 0
+
     def busy(self, cp: ControlPlane) -> bool:
         """A shift or stage switch is in flight (the simulator's idle check)."""
         return False
@@ -158,6 +162,9 @@ class Disaggregated(_AsyncTraining):
 
     def on_published(self, cp: ControlPlane, version: int) -> None:
         cp.release_all()
+
+    def first_device(self, role: InferenceRole) -> int:
+        return (self.rollout if role == "rollout" else self.reward)[0]
 
     def describe(self) -> dict[str, Any]:
         return {"rollout": len(self.rollout), "reward": len(self.reward), "training": len(self.training)}

@@ -18,12 +18,13 @@ scheduler's count; ``sync`` runs before any scheduler decision that depends on p
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
 from pivotrl.control.backend import ReplicaBackend, RoleSpec
-from pivotrl.scheduler import Abort, Action, ReplicaSpec, ShiftAwareScheduler
+from pivotrl.scheduler import Abort, Action, ReplicaSpec, ShiftAwareScheduler, ThroughputModel
 from pivotrl.scheduler.queue import WaitingSequence
 from pivotrl.scheduler.scheduler import ReplicaId
 
@@ -65,6 +66,17 @@ class RoleDriver:
 
     def device_ids(self) -> list[int]:
         return [d for rep in self.replicas.values() for d in rep.device_ids]
+
+    def update_spec(self, model: ThroughputModel | None, kv_capacity_tokens: int | None) -> None:
+        """The role's belief changed (a fit from the engines, a measured KV capacity): new and live
+        replicas use it from now on; the queue then gets any room a larger capacity opened."""
+        spec = dataclasses.replace(self.spec, model=model or self.spec.model,
+                                   kv_capacity_tokens=kv_capacity_tokens or self.spec.kv_capacity_tokens)
+        with self._operation():
+            for rid in self.replicas:
+                self.scheduler.update_replica(rid, spec.model, spec.kv_capacity_tokens)
+            self.spec = spec
+            self._room_freed = True
 
     # ------------------------------------------------------------------ sequences
     def submit(self, seqs: Iterable[tuple[int, int]]) -> None:

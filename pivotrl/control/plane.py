@@ -55,6 +55,8 @@ class ControlPlane:
         self.step_end_s: list[float] = []
         self.shifts: list[dict[str, Any]] = []  # executed plans
         self.planner_calls: list[tuple[float, float, float]] = []  # (preprocess_s, construct_s, simulate_s)
+        self.staleness_waits: list[tuple[float, float]] = []  # (from, to): the bound held the next step back
+        self._held_since: float | None = None
         self._replica_ids = itertools.count()
         self._up_migrate: dict[int, bool] = {}  # replica id -> migrate when it comes up
         self._starting: dict[InferenceRole, set[int]] = {role: set() for role in INFERENCE_ROLES}
@@ -64,6 +66,12 @@ class ControlPlane:
     @property
     def now(self) -> float:
         return self.clock.now()
+
+    @property
+    def staleness_wait_s(self) -> float:
+        """Seconds during which the staleness bound held the next step's rollouts back (so far)."""
+        held = 0.0 if self._held_since is None else self.now - self._held_since
+        return sum(b - a for a, b in self.staleness_waits) + held
 
     @property
     def finished(self) -> bool:
@@ -95,9 +103,15 @@ class ControlPlane:
 
     def release_next(self) -> bool:
         """Submit the next step's rollouts if the staleness bound allows; True if released."""
-        if not self.ledger.can_release():
+        ledger = self.ledger
+        if not ledger.can_release():
+            if ledger.released < ledger.num_steps and self._held_since is None:
+                self._held_since = self.now  # the bound holds the next step back until a version is published
             return False
-        step = self.ledger.release()
+        if self._held_since is not None:
+            self.staleness_waits.append((self._held_since, self.now))
+            self._held_since = None
+        step = ledger.release()
         self.drivers["rollout"].submit(self.backend.rollouts(step))
         self.deployment.on_released(self, step)
         return True

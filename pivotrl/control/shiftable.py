@@ -108,6 +108,10 @@ class Shiftable(Deployment):
     def busy(self, cp: ControlPlane) -> bool:
         return self._exec.busy
 
+    def first_device(self, role: InferenceRole) -> int:
+        split = self.dep.initial == "split" and role == "reward"
+        return self.dep.rollout_devices if split else 0
+
     def describe(self) -> dict[str, Any]:
         return {"training": len(self.training), "strategy": self.dep.strategy}
 

@@ -373,6 +373,12 @@ class EngineReplica:
         return int(cache.num_gpu_blocks) * int(cache.block_size)
 
     @property
+    def kv_block_tokens(self) -> int:
+        """Tokens per KV cache block (a sequence holds whole blocks)."""
+        self._require_started()
+        return int(self._llm.llm_engine.vllm_config.cache_config.block_size)
+
+    @property
     def kv_used_tokens(self) -> int:
         """KV tokens held by running sequences (prompt + generated of each)."""
         return self._progress(0, 0.0).kv_used_tokens

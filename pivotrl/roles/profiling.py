@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pivotrl.roles.engine import EngineReplica, SequenceSampling
+from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling
 from pivotrl.scheduler import ThroughputModel
+
+
+class ProfileError(RuntimeError):
+    """A profile that cannot give a fit (too few clean decode iterations)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,6 +83,10 @@ def profile_replica(replica: EngineReplica, config: ProfileConfig | None = None)
     """Measure ``replica`` over the grid and fit the throughput model (the replica must be empty)."""
     config = config or ProfileConfig()
     samples, dropped = split_interference(measure(replica, config), config.interference_factor)
+    if len(samples) < 4:
+        raise ProfileError(f"{replica.config.model_path}: {len(samples)} clean decode iterations over the grid "
+                           f"(structured={replica.config.structured!r}: a constrained output ends its sequences "
+                           "early); the fit needs 4")
     model = ThroughputModel.fit([(s.num_tokens, s.num_seqs, s.latency_s) for s in samples])
     return ThroughputProfile(model=model, samples=tuple(samples), model_path=replica.config.model_path,
                              dropped=tuple(dropped))
@@ -112,23 +121,30 @@ def measure(replica: EngineReplica, config: ProfileConfig) -> list[ProfileSample
 def grid(replica: EngineReplica, config: ProfileConfig) -> list[tuple[int, int]]:
     """The (num_seqs, context_tokens) points the replica can hold, in increasing size."""
     steps = config.warmup_steps + config.decode_steps + 1
-    c = replica.config
+    c, block = replica.config, replica.kv_block_tokens
+    # a sequence holds whole KV blocks, and one more before it outgrows them: the batch must fit with that slack
     return [(n, ctx) for n in sorted(config.batch_sizes) for ctx in sorted(config.context_tokens)
             if n <= c.max_num_seqs and ctx + steps <= c.max_model_len
-            and n * (ctx + steps) <= replica.kv_capacity_tokens]
+            and n * (-(-(ctx + steps) // block) + 1) * block <= replica.kv_capacity_tokens]
 
 
 def _measure_point(replica: EngineReplica, config: ProfileConfig, num_seqs: int, context: int,
                    rng: random.Random) -> list[ProfileSample]:
     vocab = replica.llm.llm_engine.vllm_config.model_config.get_vocab_size()
     budget = replica.config.max_model_len - context  # never finish by length while others still prefill
-    sampling = SequenceSampling(max_tokens=budget, temperature=config.temperature, stop_token_ids=())
+    # never stop early; a constrained engine must stop once its output is complete (its iterations until then count)
+    stop = None if replica.config.output_dfa is not None else ()
+    sampling = SequenceSampling(max_tokens=budget, temperature=config.temperature, stop_token_ids=stop)
     seq_ids = list(range(num_seqs))  # the replica is empty and these are aborted before the next point
     for seq_id in seq_ids:
         replica.add(seq_id, [rng.randrange(vocab) for _ in range(context)], sampling=sampling)
     try:
-        while any(replica.has_seq(s) and not replica.seq_tokens(s) for s in seq_ids):  # (chunked) prefill
+        for _ in range(64 + num_seqs):  # (chunked) prefill, bounded: an engine that never runs the whole batch at
+            if not any(replica.has_seq(s) and not replica.seq_tokens(s) for s in seq_ids):  # once (its token
+                break  # budget, its scheduler's own limits) gives no sample of this point
             replica.step()
+        else:
+            return []
         for _ in range(config.warmup_steps):
             replica.step()
         samples = (_decode_sample(replica, num_seqs, context) for _ in range(config.decode_steps))
@@ -145,3 +161,85 @@ def _decode_sample(replica: EngineReplica, num_seqs: int, context: int) -> Profi
     return ProfileSample(num_tokens=num_tokens, num_seqs=num_seqs, latency_s=progress.latency_s,
                          context_tokens=context)
 
+
+
+# ---------------------------------------------------------------------- the fit cache
+# A fit belongs to a (model, engine config, device kind): a later run on the same triple reuses it,
+# any change of one of them profiles anew.
+_ENGINE_FIELDS = ("dtype", "gpu_memory_utilization", "kv_cache_bytes", "max_model_len", "max_num_seqs",
+                  "tensor_parallel_size", "enforce_eager", "structured", "structured_choices", "structured_regex")
+
+
+def device_kind() -> str:
+    """The accelerator a fit was measured on: the CUDA device's name, else the CPU model and core count."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)}"
+    model = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu:{model} x{os.cpu_count()} threads={torch.get_num_threads()}"
+
+
+def fit_key(engine: EngineConfig, device: str, profile: ProfileConfig) -> tuple[str, dict[str, object]]:
+    """The cache key of a fit and what it digests: the model's config and weight files (names, sizes),
+    the engine fields that change its speed, the device kind, the grid, and the torch / vLLM versions."""
+    import hashlib
+
+    import torch
+    import vllm
+
+    folder = Path(engine.model_path)
+    files = sorted((p.name, p.stat().st_size) for p in folder.iterdir()
+                   if p.suffix in (".safetensors", ".bin") and p.is_file())
+    config = (folder / "config.json").read_text() if (folder / "config.json").exists() else ""
+    parts: dict[str, object] = {
+        "model_config": hashlib.sha256(config.encode()).hexdigest(), "weights": files,
+        "engine": {name: getattr(engine, name) for name in _ENGINE_FIELDS}, "device": device,
+        "grid": asdict(profile), "torch": torch.__version__, "vllm": vllm.__version__}
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return digest, parts
+
+
+def fit_engine(engine: EngineConfig, replica: Callable[[], EngineReplica], *, cache_dir: Path | None,
+               config: ProfileConfig | None = None) -> tuple[ThroughputProfile, dict[str, object]]:
+    """The fit of engines of config ``engine`` from ``cache_dir`` (keyed by ``fit_key``), else a profile of
+    ``replica()`` (an empty engine of that config, made only on a miss), cached there. Returns the profile
+    and what happened (``source``: "cache" or "profile", ``key``, ``seconds``, ``path``)."""
+    import time
+
+    config = config or runtime_profile_config(engine)
+    key, parts = fit_key(engine, device_kind(), config)
+    path = None if cache_dir is None else Path(cache_dir) / f"{key}.json"
+    if path is not None and path.exists():
+        try:
+            return ThroughputProfile.load(path), {"source": "cache", "key": key, "seconds": 0.0, "path": str(path)}
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache entry: profile again and overwrite it
+    start = time.perf_counter()
+    profile = profile_replica(replica(), config)
+    seconds = time.perf_counter() - start
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{id(profile)}")
+        profile.save(tmp)
+        blob = json.loads(tmp.read_text())
+        tmp.write_text(json.dumps({**blob, "key": key, "keyed_on": parts, "seconds": seconds}, indent=1, default=str))
+        tmp.replace(path)  # atomic: ranks profiling the same key at once leave one whole file
+    return profile, {"source": "profile", "key": key, "seconds": seconds, "path": str(path) if path else None}
+
+
+def runtime_profile_config(engine: EngineConfig) -> ProfileConfig:
+    """The grid a run profiles a new engine over: batch sizes up to ``max_num_seqs`` and context lengths
+    up to half of ``max_model_len`` (a few seconds on a small model)."""
+    batches = tuple(sorted({b for b in (1, 4, 16, 64, 256) if b <= engine.max_num_seqs} | {min(engine.max_num_seqs, 256)}))
+    contexts = tuple(sorted({c for c in (32, 128, 512, 2048) if c <= engine.max_model_len // 2} or {16}))
+    return ProfileConfig(batch_sizes=batches, context_tokens=contexts, decode_steps=6, warmup_steps=2)

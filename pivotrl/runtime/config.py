@@ -72,6 +72,11 @@ class RunConfig:
     # false: a new run; true: continue the newest <out_dir>/<name>-* run folder holding a checkpoint; a path: that
     # run folder (pivotrl/runtime/checkpoint.py). A job torchrun restarts (--max-restarts) resumes its own folder.
     resume: Any = False
+    # the scheduler's and planner's throughput model of each role (§6.1, App. A): true: profiled on the role's
+    # first engine and fitted (cached per model, engine config and device kind in fit_cache), then refitted from
+    # the engines' reports; false: the built-in CPU prior throughout
+    fit_engines: bool = True
+    fit_cache: str | None = None  # folder of cached fits; null: $PIVOTRL_CACHE/fits (~/.cache/pivotrl/fits)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pivotrl.control.backend import RoleSpec
+from pivotrl.control.beliefs import DecodeSample, RoleBelief, decode_sample
 from pivotrl.control.deployments import Deployment
 from pivotrl.control.plane import ControlPlane
 from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
@@ -55,7 +56,8 @@ class ControllerSpec:
     sampling: dict[str, Sampling]  # per inference role
     belief: dict[str, ThroughputModel]  # per inference role: the throughput model the scheduler starts from
     kv_capacity_tokens: dict[str, int]  # per inference role
-    tau_shift_s: float = 2.0  # τ_shift until shifts have been measured
+    tau_shift_s: float = 2.0  # τ_shift until shifts have been measured (half of it stands for a shift down)
+    fit_engines: bool = False  # start from each role's engine fit (cached, else profiled before the first placement)
     timeout_s: float = 1800.0
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
     checkpoint_every: int = 0  # checkpoint after every checkpoint_every-th step and the last; 0: never
@@ -180,6 +182,9 @@ class RuntimeCluster:
         self.checkpoints: list[int] = []  # steps committed by this process
         self.plane = ControlPlane(backend=self, clock=self.clock, deployment=deployment, num_steps=num_steps,
                                   seqs_per_step=book.seqs_per_step, first_step=first_step)
+        # what the scheduler and planner believe of each role's engines (pivotrl.control.beliefs)
+        self.beliefs = {role: RoleBelief(spec.belief[role]) for role in INFERENCE_ROLES}
+        self.engine_fits: list[dict[str, Any]] = []  # what each EngineFit reported (the run folder's fits.json)
 
     @property
     def published_version(self) -> int:
@@ -196,9 +201,11 @@ class RuntimeCluster:
         other = "reward" if role == "rollout" else "rollout"
         down = [r["seconds"] for r in self.shift_reports if r["role"] == role and r["direction"] == "down"]
         up = [r["seconds"] for r in self.shift_reports if r["role"] == other and r["direction"] == "up"]
-        if not down or not up:
+        if not up:
             return self.spec.tau_shift_s
-        return sum(down) / len(down) + sum(up) / len(up)
+        # before this role's first shift down: the other role's measured start-up plus half the prior
+        down_s = sum(down) / len(down) if down else self.spec.tau_shift_s / 2
+        return down_s + sum(up) / len(up)
 
     def sync(self, role: InferenceRole | None = None) -> None:
         """Progress is applied as it arrives."""
@@ -286,7 +293,28 @@ class RuntimeCluster:
         rep = RuntimeReplica(self, role, msg.replica_id, devices, msg.version)
         self.replicas[msg.replica_id] = rep
         self._record_shift(device, msg.report, replica_id=msg.replica_id)
+        driver = self.plane.drivers[role]
+        if msg.kv_capacity_tokens != driver.spec.kv_capacity_tokens:
+            driver.update_spec(None, msg.kv_capacity_tokens)  # the engine's real KV capacity, not the config's guess
         self.plane.replicas_up(role, [rep])
+
+    def _on_EngineFit(self, device: int, msg: m.EngineFit) -> None:
+        self.engine_fits.append({"role": msg.role, "device": device, "time_s": self.clock.now(), **msg.fit})
+        if msg.fit.get("model") is not None:  # the engine's own fit replaces the prior
+            model = ThroughputModel(**msg.fit["model"])
+            samples = [DecodeSample(float(t), int(n), float(lat)) for t, n, lat in msg.fit["samples"]]
+            self.beliefs[msg.role].adopt(model, str(msg.fit["source"]), self.clock.now(), samples)
+            self.plane.drivers[msg.role].update_spec(model, None)
+
+    def fit_engines(self, timeout_s: float = 600.0) -> None:
+        """Before the first placement: each role's fit, from the cache or profiled on the device the deployment
+        first places the role on (one role at a time, the other devices idle, so the profile measures an
+        engine alone on its device)."""
+        for role in INFERENCE_ROLES:
+            before = len(self.engine_fits)
+            device = self.plane.deployment.first_device(role)
+            self.bus.send(device, m.FitEngine(role=role))
+            self.wait_for(lambda: len(self.engine_fits) > before, timeout_s, f"the {role} engine's fit (device {device})")
 
     def _on_ReplicaDown(self, device: int, msg: m.ReplicaDown) -> None:
         self._record_shift(device, msg.report, replica_id=msg.replica_id)
@@ -309,6 +337,13 @@ class RuntimeCluster:
         if rep is not None:
             rep.observe(msg.num_new_tokens, msg.latency_s, msg.num_running_seqs)
             rep.version = msg.version
+        sample = decode_sample(kv_used_tokens=msg.kv_used_tokens, num_running_seqs=msg.num_running_seqs,
+                               num_new_tokens=msg.num_new_tokens, num_steps=msg.num_steps, latency_s=msg.latency_s,
+                               num_finished=len(msg.finished), time_s=self.clock.now())
+        if sample is not None:
+            refit = self.beliefs[role].observe(sample)
+            if refit is not None:  # the engines drifted from the fit: the scheduler and planner follow
+                driver.update_spec(refit, None)
 
     def _finished(self, role: InferenceRole, replica_id: int, fin: m.FinishedSeq, version: int) -> None:
         rec = self.live[role].pop(fin.seq_id, None)
@@ -415,6 +450,8 @@ class RuntimeCluster:
     def run(self) -> None:
         """Drive the plane until every step has trained and its version is published."""
         deadline = time.monotonic() + self.spec.timeout_s
+        if self.spec.fit_engines:
+            self.fit_engines()
         self.plane.start()
         ledger = self.plane.ledger
         while not self.plane.finished:

@@ -171,6 +171,15 @@ class Shutdown(Message):
     kind: ClassVar[str] = "Shutdown"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitEngine(Message):
+    """Report the App. A throughput fit of this device's ``role`` engine: from the fit cache, else profiled
+    now (the engine is created if it is not yet; it takes no role). Sent before the run's first placement."""
+
+    kind: ClassVar[str] = "FitEngine"
+    role: EngineRoleName
+
+
 # ---------------------------------------------------------------------- worker -> controller
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Progress(WorkerMessage):
@@ -201,6 +210,16 @@ class ReplicaUp(WorkerMessage):
     version: int
     kv_capacity_tokens: int
     report: dict[str, Any]  # ShiftReport.as_row() plus ``engine_start_s`` (first start of this role's engine)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFit(WorkerMessage):
+    """The reply to ``FitEngine``: ``fit`` is ``{"model": {A, B, C, D} or None, "samples": [[tokens, seqs,
+    latency_s], ...], "source": "cache" | "profile" | "none", "key", "seconds", "reason" (source "none")}``."""
+
+    kind: ClassVar[str] = "EngineFit"
+    role: EngineRoleName
+    fit: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -274,7 +293,7 @@ class WorkerError(WorkerMessage):
 
 MESSAGES: dict[str, type[Message]] = {cls.kind: cls for cls in (
     StartReplica, AddSequences, AbortSequences, StopReplica, LoadVersion, Train, GpsWrite, StopTraining, SavePolicy,
-    Shutdown, Progress, ReplicaUp, ReplicaDown, Aborted, Reloaded, Trained, Written, TrainingDown, Saved, Bye,
+    Shutdown, FitEngine, Progress, ReplicaUp, EngineFit, ReplicaDown, Aborted, Reloaded, Trained, Written, TrainingDown, Saved, Bye,
     WorkerError)}
 
 

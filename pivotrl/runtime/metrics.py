@@ -97,6 +97,8 @@ def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
         "time_breakdown": time_breakdown(cluster),
         "engine_rates": engine_rates(cluster),
         "shifts_by_role": shifts_by_role(cluster),
+        "staleness_waits": {"count": len(cluster.plane.staleness_waits), "seconds": cluster.plane.staleness_wait_s},
+        "beliefs": {role: belief.report() for role, belief in cluster.beliefs.items()},
         "planner_decisions": len(cluster.plane.planner_calls),
         "planner_s": sum(sum(call) for call in cluster.plane.planner_calls),  # controller time inside plan()
     }

@@ -14,6 +14,7 @@ the final barrier) is entered by every rank in the same order.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -198,7 +199,14 @@ def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple
                       reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=1, seed=cfg.run.seed + 1,
                                                             score_scale=cfg.reward.score_scale),
                       trainer=trainer,
-                      training_device_ids=training, validation=_validation(cfg, rank, training))
+                      training_device_ids=training, validation=_validation(cfg, rank, training),
+                      fit_cache=_fit_cache(cfg))
+
+
+def _fit_cache(cfg: Any) -> str:
+    from pivotrl.roles.tiny import default_cache_root
+
+    return str(cfg.run.fit_cache) if cfg.run.fit_cache else str(default_cache_root() / "fits")
 
 
 def _validation(cfg: Any, rank: int, training: tuple[int, ...]) -> Any:
@@ -219,7 +227,7 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
     from pivotrl.runtime import messages as m
     from pivotrl.runtime.checkpoint import truncate_jsonl, write_job_id
     from pivotrl.runtime.metrics import accounting
-    from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line
+    from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line, write_atomic
 
     if resumed.folder is None:
         folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
@@ -263,6 +271,10 @@ def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[i
                                       "num_duplicates": cluster.book.dataset.num_duplicates,
                                       "skipped": cluster.book.dataset.skipped}}
         folder.write_summary(result.summary)
+        write_atomic(folder.path / "fits.json", json.dumps(
+            {"engine_fits": cluster.engine_fits,
+             "beliefs": {role: {**b.report(), "samples": [s.row() for s in b.all_samples]}
+                         for role, b in cluster.beliefs.items()}}, indent=1) + "\n")
         print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
         cluster.shutdown()
         result.summary["cpu"] = cpu_summary(cluster.cpu_s_by_device)  # from the workers' Bye: known only now
@@ -327,7 +339,8 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any, *
                                     "reward": Sampling(max_tokens=cfg.genrm.max_tokens,
                                                        temperature=cfg.genrm.temperature)},
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
-                          checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints)
+                          checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
+                          fit_engines=cfg.run.fit_engines)
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,
                           resumed=resumed)

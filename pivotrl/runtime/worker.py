@@ -43,7 +43,9 @@ from pivotrl.runtime.messages import (
     AbortSequences,
     AddSequences,
     Bye,
+    EngineFit,
     FinishedSeq,
+    FitEngine,
     GpsWrite,
     LoadVersion,
     Message,
@@ -103,6 +105,7 @@ class WorkerSpec:
     report_interval_s: float = 0.02  # at most this long between Progress reports while tokens flow
     validation: Validation | None = None  # this training device's share of the held-out set (§8.7)
     trainer_state: str | None = None  # a resumed run: this rank's trainer-<r>-of-<n>.pt (optimizer chunks, RNG)
+    fit_cache: str | None = None  # folder of cached engine fits (``roles.profiling.fit_engine``); None: no cache
 
     def __post_init__(self) -> None:
         if self.device_id < 0:
@@ -192,7 +195,7 @@ class Worker:
             StartReplica: self._start_replica, AddSequences: self._add_sequences, AbortSequences: self._abort,
             StopReplica: self._stop_replica, LoadVersion: self._load_version, Train: self._train,
             GpsWrite: self._gps_write, StopTraining: self._stop_training, SavePolicy: self._save_policy,
-            Shutdown: self._shutdown,
+            Shutdown: self._shutdown, FitEngine: self._fit_engine,
         }
 
     # ------------------------------------------------------------------ loop
@@ -286,6 +289,22 @@ class Worker:
         self._send(ReplicaUp, replica_id=msg.replica_id, role=msg.role, version=report.version,
                    kv_capacity_tokens=role.replica.kv_capacity_tokens,
                    report={**report.as_row(), "engine_start_s": engine_start_s})
+
+    def _fit_engine(self, msg: FitEngine) -> None:
+        """The role engine's App. A fit: from the cache (no engine needed), else profiled now on this device's
+        engine of the role, created here if need be (empty, holding no role)."""
+        from pivotrl.roles.profiling import ProfileError, fit_engine
+
+        config = self.spec.rollout_engine if msg.role == "rollout" else self.spec.reward_engine
+        cache = None if self.spec.fit_cache is None else Path(self.spec.fit_cache)
+        try:
+            profile, info = fit_engine(config, lambda: self._engine_role(msg.role)[0].replica, cache_dir=cache)
+        except ProfileError as err:  # the controller keeps its prior and refits from this engine's reports
+            fit: dict[str, Any] = {"model": None, "source": "none", "reason": str(err), "samples": []}
+        else:
+            fit = {"model": profile.model.as_dict(), **info,
+                   "samples": [[s.num_tokens, s.num_seqs, s.latency_s] for s in profile.samples]}
+        self._send(EngineFit, role=msg.role, fit=fit)
 
     def _engine_role(self, role: EngineRoleName) -> tuple[EngineRole, float]:
         """This device's engine role for ``role`` (created on first use, dummy weights) and the seconds

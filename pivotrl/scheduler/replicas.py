@@ -98,6 +98,19 @@ class ReplicaTable:
         slots.set_slot(self.consts, self.state, self.headroom, slot, 0.0, 0.0)
         return slot
 
+    def set_model(self, replica_id: ReplicaId, model: ThroughputModel, kv_capacity_tokens: int) -> None:
+        """A live replica's throughput model or KV capacity changed (a refit, a measured capacity); its
+        sequences stay, its terms are recomputed."""
+        slot = self.slot_of[replica_id]
+        del self.slot_of[replica_id]  # (check_new refuses a live id)
+        try:
+            self.check_new(replica_id, model, kv_capacity_tokens)
+        finally:
+            self.slot_of[replica_id] = slot
+        self.models[slot] = model
+        self.consts[:, slot] = (model.A, model.B, model.C, model.D, int(kv_capacity_tokens))
+        slots.set_slot(self.consts, self.state, self.headroom, slot, float(self.n(slot)), float(self.t(slot)))
+
     def remove(self, replica_id: ReplicaId) -> None:
         slot = self.slot_of[replica_id]
         if self.n(slot):

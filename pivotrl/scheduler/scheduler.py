@@ -111,6 +111,10 @@ class ShiftAwareScheduler:
         """Register an (empty) replica; call ``dispatch`` or ``shift_up`` to give it work."""
         self._table.add(replica_id, model, kv_capacity_tokens)
 
+    def update_replica(self, replica_id: ReplicaId, model: ThroughputModel, kv_capacity_tokens: int) -> None:
+        """Give a live replica a new throughput model / KV capacity (what it holds stays)."""
+        self._table.set_model(replica_id, model, kv_capacity_tokens)
+
     def remove_replica(self, replica_id: ReplicaId) -> None:
         """Forget an empty replica (``shift_down`` aborts and removes in one go)."""
         self._known(replica_id)

@@ -132,7 +132,8 @@ class ThroughputModel:
             params = _fill_unobserved(params, levels, k)
             lo = levels[k - 1] if k > 0 else 0.0
             hi = levels[k] if k < len(levels) else np.inf
-            consistent = params[2] * lo <= params[1] + tol and params[1] <= params[2] * hi + tol
+            with np.errstate(invalid="ignore"):  # 0·inf (no kink above the last level) reads as inconsistent
+                consistent = params[2] * lo <= params[1] + tol and params[1] <= params[2] * hi + tol
             fits.append((consistent, residual, k, params))
         pool = [f for f in fits if f[0]] or fits
         floor = min(f[1] for f in pool)

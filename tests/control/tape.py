@@ -23,7 +23,7 @@ from pivotrl.control import ControlPlane, Deployment
 from pivotrl.planner.state import INFERENCE_ROLES
 
 EVENTS = ("start", "replicas_up", "sequence_finished", "training_started", "trained", "training_released", "published")
-REPORTS = ("finish", "cancel", "set_generated", "advance")
+REPORTS = ("finish", "cancel", "set_generated", "advance", "update_spec")
 COMMANDS = ("start_replicas", "stop_replicas", "start_training", "end_training", "reload_rollout")
 ANSWERS = {"tau_shift_s": "tau", "rollouts": "rollouts", "judgement_prompt_tokens": "judge"}
 
@@ -68,6 +68,7 @@ class Tape:
     # ------------------------------------------------------------------ recording
     def record(self, plane: ControlPlane) -> None:
         backend = plane.backend
+        self.specs = {role: driver.spec for role, driver in plane.drivers.items()}  # as the run began
         for name in EVENTS:
             self._wrap_event(plane, plane, name, name, _plain)
         for role, driver in plane.drivers.items():
@@ -229,7 +230,7 @@ class ReplayBackend:
 
     def __init__(self, original: Any, tape: Tape) -> None:
         self.devices = original.devices
-        self._specs = {role: original.plane.drivers[role].spec for role in INFERENCE_ROLES}  # as the plane used them
+        self._specs = dict(tape.specs)
         self.answers = {k: deque(v) for k, v in tape.answers.items()}
         self.in_joins = tape.in_joins
         self.syncs = deque(tape.syncs)

@@ -68,3 +68,33 @@ def test_grid_skips_points_that_do_not_fit(profile) -> None:
     assert grid(replica, too_long) == [(1, 16)]
     with pytest.raises(ValueError, match="batch_sizes"):
         ProfileConfig(batch_sizes=())
+
+
+def test_the_fit_cache_is_keyed_by_model_engine_config_and_device(profile, tmp_path: Path, monkeypatch) -> None:
+    """A second start of the same engine on the same device reuses the fit; a changed engine config (or
+    device kind, or model) is another key, so it profiles anew."""
+    import dataclasses
+
+    import pivotrl.roles.profiling as profiling
+
+    _, replica = profile
+    small = ProfileConfig(batch_sizes=(1, 4), context_tokens=(16,), decode_steps=3, warmup_steps=1)
+    first, info = profiling.fit_engine(replica.config, lambda: replica, cache_dir=tmp_path, config=small)
+    assert info["source"] == "profile" and (tmp_path / f"{info['key']}.json").exists()
+    monkeypatch.setattr(profiling, "profile_replica", lambda *a, **k: pytest.fail("profiled a cached engine"))
+    again, info2 = profiling.fit_engine(replica.config, lambda: pytest.fail("made an engine for a cached fit"),
+                                        cache_dir=tmp_path, config=small)
+    assert info2["source"] == "cache" and info2["key"] == info["key"] and again.model == first.model
+    device = profiling.device_kind()
+    key = profiling.fit_key(replica.config, device, small)[0]
+    assert key == info["key"]
+    for changed in (dataclasses.replace(replica.config, max_num_seqs=replica.config.max_num_seqs // 2),
+                    dataclasses.replace(replica.config, kv_cache_bytes=(replica.config.kv_cache_bytes or 1 << 26) * 2),
+                    dataclasses.replace(replica.config, dtype="bfloat16")):
+        assert profiling.fit_key(changed, device, small)[0] != key
+    assert profiling.fit_key(replica.config, device + " (another)", small)[0] != key
+    assert profiling.fit_key(replica.config, device, dataclasses.replace(small, decode_steps=4))[0] != key
+    (tmp_path / f"{key}.json").write_text("{not json")  # a damaged entry is profiled again, not trusted
+    monkeypatch.undo()
+    _, info3 = profiling.fit_engine(replica.config, lambda: replica, cache_dir=tmp_path, config=small)
+    assert info3["source"] == "profile"

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pivotrl.runtime import messages as m
+from pivotrl.scheduler import ThroughputModel
 
 
 @dataclass
@@ -25,11 +27,20 @@ class FakeReplica:
     device: int
     version: int
     seqs: dict[int, tuple[list[int], int]] = field(default_factory=dict)  # seq_id -> (generated, max_tokens)
+    prompt_tokens: dict[int, int] = field(default_factory=dict)
 
 
 class FakeBus:
     def __init__(self, num_devices: int, *, answer_ids: list[int] | None = None, up_delay_seed: int | None = None,
-                 iteration_s: float = 1e-3) -> None:
+                 iteration_s: float = 1e-3, latency_law: ThroughputModel | None = None,
+                 profile_law: ThroughputModel | None = None, kv_capacity_tokens: int | dict[str, int] = 100_000,
+                 rollout_length: Callable[[int], int] | None = None) -> None:
+        # latency_law: each iteration's reported latency (else 1 ms); profile_law: what a replica asked to fit
+        # reports as its profile (default: latency_law); rollout_length: seq_id -> tokens of its response
+        self.latency_law, self.profile_law = latency_law, profile_law or latency_law
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.rollout_length = rollout_length or (lambda seq_id: 3 + seq_id % 5)
+        self.fits_reported = 0
         self.num_devices = num_devices
         self.now_s, self.iteration_s = 0.0, iteration_s
         self.replicas: dict[int, FakeReplica] = {}
@@ -95,7 +106,17 @@ class FakeBus:
         self.held[device] = [msg.role]
         self.replicas[msg.replica_id] = FakeReplica(msg.replica_id, msg.role, device, version)
         self._reply(device, m.ReplicaUp, late=True, replica_id=msg.replica_id, role=msg.role, version=version,
-                    kv_capacity_tokens=100_000, report=self._report(msg.role, "up", device))  # one by one
+                    kv_capacity_tokens=kv if isinstance(kv := self.kv_capacity_tokens, int) else kv[msg.role],
+                    report=self._report(msg.role, "up", device))  # one by one
+
+    def _FitEngine(self, device: int, msg: m.FitEngine) -> None:
+        assert not self.replicas, "an engine fit asked for while replicas run"
+        self.fits_reported += 1
+        law = self.profile_law or ThroughputModel(A=0.0, B=1e-3, C=0.0, D=0.0)
+        grid = [(n * ctx, n) for n in (1, 4, 16, 64) for ctx in (32, 128, 512)]
+        self._reply(device, m.EngineFit, role=msg.role,
+                    fit={"model": law.as_dict(), "source": "profile", "key": "fake", "seconds": 0.0,
+                         "samples": [[t, n, law.latency(t, n)] for t, n in grid]})
 
     def _AddSequences(self, device: int, msg: m.AddSequences) -> None:
         rep = self.replicas[msg.replica_id]
@@ -106,6 +127,7 @@ class FakeBus:
             assert s.generated_logprobs == fake_logprobs(len(s.generated_ids)), \
                 f"seq {s.seq_id} came back with log-probs {s.generated_logprobs} for {len(s.generated_ids)} tokens"
             rep.seqs[s.seq_id] = (list(s.generated_ids), s.max_tokens)
+            rep.prompt_tokens[s.seq_id] = len(s.prompt_ids)
 
     def _AbortSequences(self, device: int, msg: m.AbortSequences) -> None:
         rep = self.replicas[msg.replica_id]
@@ -160,8 +182,10 @@ class FakeBus:
             if not rep.seqs:
                 continue
             tokens, finished = [], []
+            batch = len(rep.seqs)
+            kv_before = sum(rep.prompt_tokens[s] + len(g) for s, (g, _) in rep.seqs.items())
             for seq_id, (gen, max_tokens) in list(rep.seqs.items()):
-                length = 3 + seq_id % 5 if rep.role == "rollout" else 2 + seq_id % 3
+                length = self.rollout_length(seq_id) if rep.role == "rollout" else 2 + seq_id % 3
                 gen.append(self._answer[len(gen) % len(self._answer)])
                 self.generated_tokens += 1
                 if len(gen) >= min(length, max_tokens):
@@ -170,9 +194,11 @@ class FakeBus:
                                                   logprobs=fake_logprobs(len(gen))))
                 else:
                     tokens.append((seq_id, [gen[-1]]))
+            latency = 1e-3 if self.latency_law is None else self.latency_law.latency(kv_before, batch)
             self._reply(rep.device, m.Progress, replica_id=rep.replica_id, tokens=tokens, finished=finished,
-                        num_running_seqs=len(rep.seqs), kv_used_tokens=10 * len(rep.seqs),
-                        num_new_tokens=len(tokens) + len(finished), latency_s=0.001, num_steps=1,
+                        num_running_seqs=len(rep.seqs),
+                        kv_used_tokens=sum(rep.prompt_tokens[s] + len(g) for s, (g, _) in rep.seqs.items()),
+                        num_new_tokens=len(tokens) + len(finished), latency_s=latency, num_steps=1,
                         version=rep.version)
 
 

@@ -40,21 +40,25 @@ def tokenizer():
 
 def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int = 4, group: int = 2,
          kv_tokens: int = 100_000, rollout_kv_tokens: int | None = None,
-         up_delay_seed: int | None = None, tape=None) -> tuple[RuntimeCluster, FakeBus]:
-    bus = FakeBus(NUM_DEVICES, answer_ids=tokenizer.encode("Answer: 1"), up_delay_seed=up_delay_seed)
+         up_delay_seed: int | None = None, tape=None, bus_kwargs: dict | None = None,
+         spec_kwargs: dict | None = None, rollout_max_tokens: int = 6) -> tuple[RuntimeCluster, FakeBus]:
+    bus = FakeBus(NUM_DEVICES, answer_ids=tokenizer.encode("Answer: 1"), up_delay_seed=up_delay_seed,
+                  **(bus_kwargs or {}))
     book = RolloutBook(PromptDataset.arithmetic(16, seed=0), tokenizer, prompts_per_step=prompts, group_size=group,
                        seed=0, reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400)
     model = ThroughputModel(A=1e-7, B=1e-3, C=1e-4, D=1e-3)
     spec = ControllerSpec(num_nodes=1, devices_per_node=NUM_DEVICES, timeout_s=20,
-                          sampling={"rollout": Sampling(max_tokens=6, temperature=1.0),
+                          sampling={"rollout": Sampling(max_tokens=rollout_max_tokens, temperature=1.0),
                                     "reward": Sampling(max_tokens=4, temperature=0.0)},
                           belief={"rollout": model, "reward": model},
-                          kv_capacity_tokens={"rollout": rollout_kv_tokens or kv_tokens, "reward": kv_tokens})
+                          kv_capacity_tokens={"rollout": rollout_kv_tokens or kv_tokens, "reward": kv_tokens},
+                          **(spec_kwargs or {}))
     rows: list[dict] = []
     dep.check(NUM_DEVICES, 1, 1)
     cluster = RuntimeCluster(spec, bus, book, make_deployment(dep, NUM_DEVICES), num_steps=num_steps,
                              on_step=rows.append,
                              clock=WallClock(source=bus.time))  # the fakes' time: the same decisions on any machine
+    bus.kv_capacity_tokens = {"rollout": rollout_kv_tokens or kv_tokens, "reward": kv_tokens}  # what engines report
     if tape is not None:  # record what the plane is told and does (tests/control/tape.py)
         tape.record(cluster.plane)
     cluster.run()
@@ -108,6 +112,47 @@ def test_a_static_deployment_whose_kv_holds_a_few_sequences_finishes(name: str, 
     rollout_adds = [msg for _, msg in bus.sent if msg.kind == "AddSequences"
                     and cluster._role_by_replica[msg.replica_id] == "rollout"]
     assert max(len(msg.seqs) for msg in rollout_adds) <= 2  # it really held no more than two at once
+
+
+LAW = ThroughputModel(A=4e-6, B=2e-2, C=1.5e-3, D=6e-3)  # nothing like the prior (A=1e-7, B=1e-3, ...)
+
+
+def _belief_checks(cluster: RuntimeCluster, role: str, law: ThroughputModel) -> dict:
+    belief, driver = cluster.beliefs[role], cluster.plane.drivers[role]
+    assert driver.spec.model == belief.model  # what the planner's snapshot reads
+    for rid in driver.replicas:  # and what the scheduler dispatches by
+        assert driver.scheduler.replica(rid).model == belief.model
+    report = belief.report()
+    assert report["samples"] >= 24
+    return report
+
+
+def test_the_belief_converges_to_the_engines_law(tokenizer) -> None:
+    """Fake engines whose latency follows a law unlike the prior (and whose profile reports the prior's
+    constants, a stale cache): the reports refit the belief until it predicts the engines."""
+    prior = ThroughputModel(A=1e-7, B=1e-3, C=1e-4, D=1e-3)
+    cluster, bus = _run(DEPLOYMENTS["disaggregated"], tokenizer, num_steps=3,
+                        kv_tokens=50_000, bus_kwargs={"latency_law": LAW, "profile_law": prior,
+                                    "rollout_length": lambda seq_id: 30 + seq_id % 11},
+                        spec_kwargs={"fit_engines": True}, rollout_max_tokens=48)
+    _check_accounting(cluster, bus, 3)
+    assert bus.fits_reported == 2  # one profile per role: its first replica
+    report = _belief_checks(cluster, "rollout", LAW)
+    assert [h["source"] for h in report["history"]][:2] == ["prior", "profile"]
+    assert "refit" in [h["source"] for h in report["history"]]
+    assert report["final"]["error"]["median"] <= 0.02  # the fake's latencies are exact: so is the fit
+    stale = [h for h in report["history"] if h["source"] == "profile"][0]
+    assert stale["while_held"]["n"] == 0 or stale["while_held"]["median"] > 0.5  # the stale fit was far off
+    assert all(driver.spec.kv_capacity_tokens == 50_000 for driver in cluster.plane.drivers.values())  # ReplicaUp's
+
+
+def test_a_profile_that_matches_needs_no_refit(tokenizer) -> None:
+    cluster, bus = _run(DEPLOYMENTS["disaggregated"], tokenizer, num_steps=2,
+                        bus_kwargs={"latency_law": LAW, "rollout_length": lambda seq_id: 30 + seq_id % 11},
+                        spec_kwargs={"fit_engines": True}, rollout_max_tokens=48)
+    report = _belief_checks(cluster, "rollout", LAW)
+    assert [h["source"] for h in report["history"]] == ["prior", "profile"]
+    assert report["final"]["error"]["median"] <= 1e-6
 
 
 def test_chaos_shifts_in_every_direction(tokenizer) -> None:
