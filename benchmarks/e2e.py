@@ -11,7 +11,9 @@ allocations are fixed, not grid-searched (a 4-device cluster has few sensible sp
 time went (engine steps, shifts, training, idle) and each worker process's CPU seconds come from each run's
 summary. The second reference: the embedded policy's engine alone in this process generating the job's
 rollout steps (the same model and batch, ``lone_engine_tps``); end-to-end efficiency = a deployment's
-tok/s / the lone engine's. ``--json`` prints ``{"tps": {...}, "efficiency": {...}, ...}`` as the last line.
+tok/s / the lone engine's. Per deployment also: the seconds the staleness bound held rollouts back, and
+how well each role's fitted throughput model (profile or cache, then refits) predicts the run's own engine
+iterations (median and p90 relative error). ``--json`` prints ``{"tps": {...}, "efficiency": {...}, ...}`` as the last line.
 """
 from __future__ import annotations
 
@@ -69,6 +71,10 @@ def lone_engine_tps(num_repeats: int) -> dict[str, float]:
     return {"tps": tokens / seconds, "tokens": tokens, "seconds": seconds, "cpu_s": cpu_s}
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -98,6 +104,20 @@ def main(argv: list[str]) -> int:
               f"{100 * s['cpu']['system_share']:>6.1f}")
         print(f"{'':<14} CPU s per device (user/system): "
               + ", ".join(f"{d}: {c['user']:.1f}/{c['system']:.1f}" for d, c in s["cpu"]["by_device"].items()))
+    print(f"\n{'deployment':<14} {'stale wait s':>12} {'waits':>6}  "
+          + "  ".join(f"{role + ' fit (source, median/p90 error, refits)':<44}" for role in ("rollout", "reward")))
+    for name, s in results.items():
+        waits = s["staleness_waits"]
+        cells = []
+        for role in ("rollout", "reward"):
+            b = s["beliefs"][role]
+            err, sources = b["final"]["error"], [h["source"] for h in b["history"]]
+            first = next((x for x in sources if x != "prior"), "prior")
+            cells.append(f"{first + ' -> ' + b['final']['source']:<18} {_pct(err['median'])}/{_pct(err['p90'])}"
+                         f" n={err['n']:<4} {sources.count('refit'):>3} refits")
+        print(f"{name:<14} {waits['seconds']:>12.1f} {waits['count']:>6}  " + "  ".join(f"{c:<44}" for c in cells))
+    print("stale wait s = seconds the staleness bound held the next step's rollouts back; fit error = |predicted - "
+          "measured| / measured decode latency over the run's own clean engine reports, of the model held at the end")
     print("engine % = device time in engine iterations; shift % = shift downs/ups (all context kinds); "
           "idle % = waiting (for work, messages, or another role's shift); CPU s = the worker processes' CPU "
           "seconds (every thread), sys % = system time's share of them")
@@ -110,7 +130,10 @@ def main(argv: list[str]) -> int:
                           "tps": {n: s["tps"] for n, s in results.items()},
                           "shifts": results["pivotrl"]["num_plans"],
                           "time_breakdown": {n: s["time_breakdown"] for n, s in results.items()},
-                          "cpu": {n: s["cpu"] for n, s in results.items()}}))
+                          "cpu": {n: s["cpu"] for n, s in results.items()},
+                          "staleness_waits": {n: s["staleness_waits"] for n, s in results.items()},
+                          "fit_error": {n: {r: s["beliefs"][r]["final"]["error"] for r in ("rollout", "reward")}
+                                        for n, s in results.items()}}))
     return 0
 
 

@@ -4,7 +4,9 @@
 over a set of backends (``backend.ClusterBackend``): ``pivotrl.sim`` provides simulated ones,
 ``pivotrl.runtime`` real engines on torchrun ranks. No torch, vLLM or NIXL here.
 """
-from typing import Any
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from pivotrl.control.backend import Clock, ClusterBackend, ReplicaBackend, RoleSpec
 from pivotrl.control.config import DEPLOYMENT_KINDS, STRATEGIES, DeploymentConfig, DeploymentKind
@@ -16,13 +18,16 @@ from pivotrl.control.monitor import snapshot
 from pivotrl.control.plane import ControlPlane, group_devices
 from pivotrl.control.shiftable import Shiftable, TickPolicy
 
+if TYPE_CHECKING:
+    from pivotrl.planner import Strategy
+
 __all__ = ["Clock", "ClusterBackend", "Colocated", "ControlPlane", "DEPLOYMENT_KINDS", "Deployment",
            "DeploymentConfig", "DeploymentKind", "Disaggregated", "DriverError", "LedgerError", "PlanExecutor",
            "RRColocated", "ReplicaBackend", "RoleDriver", "RoleSpec", "STRATEGIES", "Shiftable", "StepLedger",
            "TickPolicy", "group_devices", "make_deployment", "snapshot"]
 
 
-def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Any = None) -> Deployment:
+def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Strategy | None = None) -> Deployment:
     """The deployment ``dep`` on ``num_devices`` (``strategy`` overrides the registry's, shiftable only)."""
     if dep.kind == "colocated":
         return Colocated(num_devices)

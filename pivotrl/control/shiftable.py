@@ -24,6 +24,7 @@ from pivotrl.planner.state import InferenceRole, WorkloadState
 
 if TYPE_CHECKING:
     from pivotrl.control.plane import ControlPlane
+    from pivotrl.planner import Strategy
 
 __all__ = ["Shiftable", "TickPolicy"]
 
@@ -48,7 +49,7 @@ class TickPolicy:
 class Shiftable(Deployment):
     """Planner-driven shifting among rollout, reward and training."""
 
-    def __init__(self, num_devices: int, dep: DeploymentConfig, strategy: Any = None) -> None:
+    def __init__(self, num_devices: int, dep: DeploymentConfig, strategy: Strategy | None = None) -> None:
         if strategy is None:
             from pivotrl.planner import make_strategy  # the registry of §7 and Fig. 11 strategies
 

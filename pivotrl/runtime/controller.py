@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pivotrl.control.backend import RoleSpec
 from pivotrl.control.beliefs import DecodeSample, RoleBelief, decode_sample
@@ -34,7 +34,20 @@ from pivotrl.runtime.clock import WallClock
 from pivotrl.runtime.metrics import step_row
 from pivotrl.scheduler import ThroughputModel
 
-__all__ = ["ControllerSpec", "RuntimeCluster", "RuntimeReplica", "RunFailed", "Sampling"]
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pivotrl.runtime.checkpoint import Checkpoint
+
+__all__ = ["ControlBus", "ControllerSpec", "RuntimeCluster", "RuntimeReplica", "RunFailed", "Sampling"]
+
+
+class ControlBus(Protocol):
+    """The controller's side of the control messages (``bus.ControllerBus``; the tests' ``FakeBus``)."""
+
+    def send(self, device: int, msg: m.Message) -> None: ...
+
+    def recv(self, timeout_s: float) -> list[tuple[int, m.Message]]: ...
 
 
 class RunFailed(RuntimeError):
@@ -142,9 +155,10 @@ class RuntimeReplica:
 class RuntimeCluster:
     """``ClusterBackend`` + message handling; owns the ``ControlPlane`` of the run."""
 
-    def __init__(self, spec: ControllerSpec, bus: Any, book: RolloutBook, deployment: Deployment, *,
+    def __init__(self, spec: ControllerSpec, bus: ControlBus, book: RolloutBook, deployment: Deployment, *,
                  num_steps: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None,
-                 run_folder: Any = None, resumed: Any = None, clock: WallClock | None = None) -> None:
+                 run_folder: Path | None = None, resumed: Checkpoint | None = None,
+                 clock: WallClock | None = None) -> None:
         self.spec, self.bus, self.book = spec, bus, book
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // spec.devices_per_node)
                              for d in range(spec.num_devices))

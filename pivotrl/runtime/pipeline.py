@@ -19,11 +19,17 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.scheduler import ThroughputModel
+
+if TYPE_CHECKING:  # (the runtime's heavy modules are imported where they are used)
+    from pivotrl.runtime.checkpoint import Checkpoint
+    from pivotrl.runtime.config import EngineSection, PipelineConfig
+    from pivotrl.runtime.controller import ControlBus, RuntimeCluster
 
 __all__ = ["run", "RunResult", "setup_process_env"]
 
@@ -46,7 +52,7 @@ def setup_process_env(local_rank: int, transport: str) -> None:
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 
-def run(cfg: Any) -> RunResult:
+def run(cfg: PipelineConfig) -> RunResult:
     """Run the pipeline of ``cfg`` (a ``PipelineConfig``) on this rank; see the module docstring."""
     import torch
     import torch.distributed as dist
@@ -93,7 +99,7 @@ def run(cfg: Any) -> RunResult:
     return result
 
 
-def training_device_ids(cfg: Any) -> tuple[int, ...]:
+def training_device_ids(cfg: PipelineConfig) -> tuple[int, ...]:
     """The fixed training set, as the deployment decides it (``DeploymentConfig.training_set``)."""
     return cfg.deployment.training_set(cfg.num_devices)
 
@@ -104,10 +110,10 @@ class ResumePoint:
     """Where this job starts: a run folder to continue (None: a new one) and its checkpoint (None: step 0)."""
 
     folder: Path | None = None
-    checkpoint: Any = None  # pivotrl.runtime.checkpoint.Checkpoint
+    checkpoint: Checkpoint | None = None
 
 
-def resume_folder(cfg: Any) -> Path | None:
+def resume_folder(cfg: PipelineConfig) -> Path | None:
     """The run folder this job continues, or None for a new run: ``run.resume`` (true / a path), or the
     folder of this very job when torchrun restarted it after a rank died (``--max-restarts``)."""
     from pivotrl.runtime.checkpoint import find_job_folder, find_resume_folder
@@ -119,7 +125,7 @@ def resume_folder(cfg: Any) -> Path | None:
     return None
 
 
-def _resume_point(cfg: Any, rank: int) -> ResumePoint:
+def _resume_point(cfg: PipelineConfig, rank: int) -> ResumePoint:
     """Collective: rank 0 finds the resume point (``resume_folder``), every rank gets it."""
     from pivotrl.collectives import broadcast_json
     from pivotrl.runtime.checkpoint import latest
@@ -149,7 +155,7 @@ def embedded_checkpoints(names: tuple[str, str]) -> tuple[Path, Path]:
     return policy_path, tiny.genrm_path if tiny and genrm == TINY else Path(genrm)
 
 
-def _gps(cfg: Any, group: Any, rank: int, policy: Path, genrm: Path, resumed: ResumePoint) -> Any:
+def _gps(cfg: PipelineConfig, group: Any, rank: int, policy: Path, genrm: Path, resumed: ResumePoint) -> Any:
     from pivotrl.gps.store import GlobalParameterStorage
 
     gps = GlobalParameterStorage(cfg.gps_config(), group=group)
@@ -183,7 +189,7 @@ def checkpoint_tensors(path: Path, *, real: bool) -> dict[str, Any]:
     return out
 
 
-def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple[int, ...]) -> Any:
+def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, training: tuple[int, ...]) -> Any:
     from dataclasses import replace
 
     from pivotrl.roles.tiny import load_tokenizer
@@ -203,13 +209,13 @@ def _worker_spec(cfg: Any, rank: int, policy: Path, genrm: Path, training: tuple
                       fit_cache=_fit_cache(cfg))
 
 
-def _fit_cache(cfg: Any) -> str:
+def _fit_cache(cfg: PipelineConfig) -> str:
     from pivotrl.roles.tiny import default_cache_root
 
     return str(cfg.run.fit_cache) if cfg.run.fit_cache else str(default_cache_root() / "fits")
 
 
-def _validation(cfg: Any, rank: int, training: tuple[int, ...]) -> Any:
+def _validation(cfg: PipelineConfig, rank: int, training: tuple[int, ...]) -> Any:
     """This training rank's share of the held-out set (every len(training)-th record); None elsewhere."""
     from pivotrl.runtime.config import load_eval_prompts
     from pivotrl.runtime.worker import Validation
@@ -222,7 +228,7 @@ def _validation(cfg: Any, rank: int, training: tuple[int, ...]) -> Any:
 
 
 # ---------------------------------------------------------------------- the controller thread
-def _controller(cfg: Any, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult,
+def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult,
                 resumed: ResumePoint) -> None:
     from pivotrl.runtime import messages as m
     from pivotrl.runtime.checkpoint import truncate_jsonl, write_job_id
@@ -308,8 +314,9 @@ def cpu_summary(by_device: dict[int, dict[str, float]]) -> dict[str, Any]:
 _FAILURE_GRACE_S = 3.0  # after a failure: time for the Shutdown messages and the log lines to go out
 
 
-def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any, *, run_folder: Path | None = None,
-                  resumed: Any = None) -> Any:
+def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Path,
+                  on_step: Callable[[dict[str, Any]], None], *, run_folder: Path | None = None,
+                  resumed: Checkpoint | None = None) -> RuntimeCluster:
     """The controller's ``RuntimeCluster`` for ``cfg`` (its control plane, book and roles)."""
     from pivotrl.control import make_deployment
     from pivotrl.roles.tiny import load_tokenizer
@@ -346,7 +353,7 @@ def build_cluster(cfg: Any, bus: Any, policy: Path, genrm: Path, on_step: Any, *
                           resumed=resumed)
 
 
-def _kv_tokens(section: Any, per_token: int) -> int:
+def _kv_tokens(section: EngineSection, per_token: int) -> int:
     if section.kv_cache_bytes is None:
         return section.max_model_len * 64  # sized by utilization: assume room for 64 full sequences
     return max(section.max_model_len, section.kv_cache_bytes // per_token)
