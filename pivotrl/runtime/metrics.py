@@ -99,6 +99,7 @@ def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
         "shifts_by_role": shifts_by_role(cluster),
         "staleness_waits": {"count": len(cluster.plane.staleness_waits), "seconds": cluster.plane.staleness_wait_s},
         "beliefs": {role: belief.report() for role, belief in cluster.beliefs.items()},
+        "kv_capacity_tokens": {role: d.spec.kv_capacity_tokens for role, d in cluster.plane.drivers.items()},
         "planner_decisions": len(cluster.plane.planner_calls),
         "planner_s": sum(sum(call) for call in cluster.plane.planner_calls),  # controller time inside plan()
     }

@@ -54,6 +54,23 @@ def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
     return summary
 
 
+def test_a_rollout_engine_that_holds_a_few_sequences_runs_every_step(tmp_path: Path) -> None:
+    """A static deployment on real engines whose one rollout replica's KV cache holds 5 of a step's 16
+    sequences: the queue is dispatched into the room each finish frees (it used to wait for the next
+    submit or shift, and the job timed out having trained nothing)."""
+    job = run_job(tmp_path, SMALL + ["deployment.kind=disaggregated", "deployment.rollout_devices=1",
+                                     "deployment.reward_devices=1", "deployment.training_devices=2",
+                                     "data.prompts_per_step=4", "data.group_size=4",
+                                     f"rollout.kv_cache_bytes={5 * 128 * 1024}", "run.timeout_s=300"], timeout_s=900)
+    summary = check_accounting(job, num_steps=2, staleness=1)
+    assert summary["rollouts_done"] == [16, 16]
+    capacity = summary["kv_capacity_tokens"]["rollout"]  # what the engine reported, not the config's estimate
+    assert capacity == 5 * 128
+    fits = json.loads((Path(summary["policy_dir"]).parent / "fits.json").read_text())
+    running = [int(n) for _, n, _ in fits["beliefs"]["rollout"]["samples"]]
+    assert running and max(running) <= capacity // 128  # never more sequences at once than the cache holds
+
+
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 def test_static_deployment_keeps_the_books(name: str, tmp_path: Path) -> None:
     extra = []
