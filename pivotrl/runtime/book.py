@@ -15,10 +15,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pivotrl.roles.data import PromptDataset, PromptRecord, chat_token_ids
 from pivotrl.roles.reward import Reward, RewardConfig, RewardStats, genrm_messages, score_sequence
+from pivotrl.sim.workload import LengthDist
 
-__all__ = ["SeqRecord", "RolloutBook", "fitting_prompts"]
+__all__ = ["SeqRecord", "RolloutBook", "SyntheticLengths", "fitting_prompts"]
 
 TOO_LONG_FOR_POLICY = "prompt: too long for rollout.max_model_len - rollout.max_tokens"
 TOO_LONG_FOR_GENRM = "question: too long for the GenRM prompt (genrm.max_model_len - genrm.max_tokens)"
@@ -59,11 +62,40 @@ class StepRewards:
     totals: list[float] = field(default_factory=list)
 
 
+class SyntheticLengths:
+    """The lengths of a synthetic-length workload: per step, a log-normal draw per sequence (the simulator's
+    ``LengthDist``), seeded by (run seed, step, role) so a resumed run draws the same ones."""
+
+    def __init__(self, *, response: LengthDist, judgement: LengthDist | None, seed: int, prompts_per_step: int,
+                 group_size: int) -> None:
+        self.dists = {"rollout": response, "reward": judgement}
+        self.seed, self.prompts_per_step, self.group_size = seed, prompts_per_step, group_size
+        self._drawn: dict[tuple[str, int], list[int]] = {}
+
+    def tokens(self, role: str, seq_id: int) -> int | None:
+        """The length ``seq_id`` must generate for ``role`` (None: where the engine stops)."""
+        dist = self.dists[role]
+        if dist is None:
+            return None
+        step, i = divmod(seq_id, self.prompts_per_step * self.group_size)
+        key = (role, step)
+        if key not in self._drawn:
+            rng = np.random.default_rng([self.seed, 0x1E46, step, 0 if role == "rollout" else 1])
+            self._drawn[key] = [int(n) for n in dist.sample(rng, self.prompts_per_step, self.group_size)]
+        return self._drawn[key][i]
+
+    def describe(self) -> dict[str, Any]:
+        return {"lengths": "lognormal", **{role: None if d is None else {
+            "median": d.median, "sigma": d.sigma, "max_tokens": d.max_tokens, "group_share": d.group_share}
+            for role, d in self.dists.items()}}
+
+
 class RolloutBook:
     """Prompts, responses, judgements and rewards of every step; see the module docstring."""
 
     def __init__(self, dataset: PromptDataset, tokenizer: Any, *, prompts_per_step: int, group_size: int, seed: int,
-                 reward: RewardConfig, genrm_prompt_tokens: int) -> None:
+                 reward: RewardConfig, genrm_prompt_tokens: int, lengths: SyntheticLengths | None = None) -> None:
+        self.lengths = lengths  # None: natural lengths
         self.dataset, self.tokenizer = dataset, tokenizer
         self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, seed
         self.reward_cfg = reward

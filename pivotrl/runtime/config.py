@@ -137,8 +137,29 @@ class DataConfig:
     num_arithmetic_prompts: int = 64  # size of the built-in arithmetic set (used when path is None)
     prompts_per_step: int = 4  # prompts per RL step; a multiple of the training devices
     group_size: int = 4  # GRPO responses per prompt
+    # natural: every sequence ends where the model stops (or at max_tokens); lognormal: a synthetic-length
+    # throughput workload, each response's length drawn log-normal (the simulator's WorkloadConfig law: median,
+    # sigma of log length, cut at rollout.max_tokens, a share of the log-variance common to a GRPO group) and
+    # generated to exactly that length (ignore_eos), as vLLM's serving benchmarks do; judgements too when
+    # genrm.output = free (a constrained GenRM ends where its constraint does). Rewards are computed as usual.
+    lengths: str = "natural"
+    response_median: float = 24.0  # tokens (lognormal)
+    response_sigma: float = 0.8
+    judgement_median: float = 12.0  # tokens (lognormal, genrm.output = free)
+    judgement_sigma: float = 0.6
+    length_group_share: float = 0.5  # share of log-variance common to a prompt's group (hard prompts run long)
 
     def __post_init__(self) -> None:
+        if self.lengths not in ("natural", "lognormal"):
+            raise ConfigError(f"lengths: must be natural or lognormal, got {self.lengths!r}")
+        for name in ("response_median", "judgement_median"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ConfigError(f"{name}: must be a positive number of tokens, got {getattr(self, name)}")
+        for name in ("response_sigma", "judgement_sigma"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ConfigError(f"{name}: must be >= 0 (the spread of log length), got {getattr(self, name)}")
+        if not 0 <= self.length_group_share <= 1:
+            raise ConfigError(f"length_group_share: must be in [0, 1], got {self.length_group_share}")
         if self.path is not None and Path(self.path).suffix not in DATA_SUFFIXES:
             raise ConfigError(f"path: must end with one of {DATA_SUFFIXES} or be null, got {self.path!r}")
         if not 1 <= self.num_arithmetic_prompts <= MAX_ARITHMETIC_PROMPTS - NUM_HELDOUT:

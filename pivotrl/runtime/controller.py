@@ -279,10 +279,11 @@ class RuntimeCluster:
         sampling = self.spec.sampling[role]
         logprobs = live.logprobs if live.logprobs is not None and len(live.logprobs) == len(live.generated_ids) \
             else None
+        length = None if self.book.lengths is None else self.book.lengths.tokens(role, seq_id)
         return m.SeqToAdd(seq_id=seq_id, prompt_ids=self.book.prompt_ids(role, seq_id),
                           generated_ids=list(live.generated_ids), generated_logprobs=logprobs,
-                          max_tokens=sampling.max_tokens,
-                          temperature=sampling.temperature)
+                          max_tokens=sampling.max_tokens if length is None else length,
+                          temperature=sampling.temperature, ignore_eos=length is not None)
 
     # ------------------------------------------------------------------ messages
     def handle(self, device: int, msg: m.Message) -> None:

@@ -65,6 +65,7 @@ class SeqToAdd:
     generated_logprobs: list[float] | None  # behaviour log-prob of each of ``generated_ids``; None: unknown
     max_tokens: int  # generation budget, counting ``generated_ids``
     temperature: float
+    ignore_eos: bool = False  # generate exactly max_tokens (a synthetic-length workload)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -272,6 +272,8 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
                           "tokens_by_role": dict(cluster.tokens_by_role),
                           "occupancy_violations": cluster.occupancy_violations,
                           "rewards": cluster.book.run_rewards.as_dict(), **accounting(cluster),
+                          "workload": {"lengths": "natural"} if cluster.book.lengths is None
+                          else {**cluster.book.lengths.describe(), "synthetic": True},
                           "dataset": {"num_prompts": len(cluster.book.dataset),
                                       "num_rows_read": cluster.book.dataset.num_rows_read,
                                       "num_duplicates": cluster.book.dataset.num_duplicates,
@@ -336,7 +338,7 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
                          "genrm.max_model_len or fix the data")
     book = RolloutBook(dataset, tokenizer, prompts_per_step=cfg.data.prompts_per_step,
                        group_size=cfg.data.group_size, seed=cfg.run.seed, reward=cfg.reward,
-                       genrm_prompt_tokens=genrm_prompt_tokens)
+                       genrm_prompt_tokens=genrm_prompt_tokens, lengths=synthetic_lengths(cfg))
     kv = {role: _kv_tokens(section, kv_bytes_per_token(path, section.dtype))
           for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
     spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,
@@ -351,6 +353,23 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,
                           resumed=resumed)
+
+
+def synthetic_lengths(cfg: PipelineConfig) -> Any:
+    """The synthetic-length workload of ``data.lengths = lognormal`` (None: natural lengths)."""
+    from pivotrl.runtime.book import SyntheticLengths
+    from pivotrl.sim.workload import LengthDist
+
+    d = cfg.data
+    if d.lengths == "natural":
+        return None
+    share = d.length_group_share
+    response = LengthDist(median=d.response_median, sigma=d.response_sigma, max_tokens=cfg.rollout.max_tokens,
+                          group_share=share)
+    judgement = LengthDist(median=d.judgement_median, sigma=d.judgement_sigma, max_tokens=cfg.genrm.max_tokens,
+                           group_share=share) if cfg.genrm.output == "free" else None
+    return SyntheticLengths(response=response, judgement=judgement, seed=cfg.run.seed,
+                            prompts_per_step=d.prompts_per_step, group_size=d.group_size)
 
 
 def _kv_tokens(section: EngineSection, per_token: int) -> int:

@@ -332,7 +332,8 @@ class Worker:
         for s in msg.seqs:
             try:
                 replica.add(s.seq_id, s.prompt_ids, generated_ids=s.generated_ids,
-                            generated_logprobs=s.generated_logprobs, sampling=SequenceSampling(max_tokens=s.max_tokens, temperature=s.temperature))
+                            generated_logprobs=s.generated_logprobs, sampling=SequenceSampling(max_tokens=s.max_tokens, temperature=s.temperature,
+                                                     stop_token_ids=() if s.ignore_eos else None))
             except (TypeError, ValueError) as err:
                 failed.append(f"seq {s.seq_id}: {err}")
         if failed:

@@ -28,6 +28,7 @@ class FakeReplica:
     version: int
     seqs: dict[int, tuple[list[int], int]] = field(default_factory=dict)  # seq_id -> (generated, max_tokens)
     prompt_tokens: dict[int, int] = field(default_factory=dict)
+    ignore_eos: dict[int, bool] = field(default_factory=dict)  # generate exactly max_tokens
 
 
 class FakeBus:
@@ -128,6 +129,7 @@ class FakeBus:
                 f"seq {s.seq_id} came back with log-probs {s.generated_logprobs} for {len(s.generated_ids)} tokens"
             rep.seqs[s.seq_id] = (list(s.generated_ids), s.max_tokens)
             rep.prompt_tokens[s.seq_id] = len(s.prompt_ids)
+            rep.ignore_eos[s.seq_id] = s.ignore_eos
 
     def _AbortSequences(self, device: int, msg: m.AbortSequences) -> None:
         rep = self.replicas[msg.replica_id]
@@ -186,6 +188,8 @@ class FakeBus:
             kv_before = sum(rep.prompt_tokens[s] + len(g) for s, (g, _) in rep.seqs.items())
             for seq_id, (gen, max_tokens) in list(rep.seqs.items()):
                 length = self.rollout_length(seq_id) if rep.role == "rollout" else 2 + seq_id % 3
+                if rep.ignore_eos.get(seq_id):
+                    length = max_tokens
                 gen.append(self._answer[len(gen) % len(self._answer)])
                 self.generated_tokens += 1
                 if len(gen) >= min(length, max_tokens):

@@ -41,11 +41,13 @@ def tokenizer():
 def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int = 4, group: int = 2,
          kv_tokens: int = 100_000, rollout_kv_tokens: int | None = None,
          up_delay_seed: int | None = None, tape=None, bus_kwargs: dict | None = None,
-         spec_kwargs: dict | None = None, rollout_max_tokens: int = 6) -> tuple[RuntimeCluster, FakeBus]:
+         spec_kwargs: dict | None = None, rollout_max_tokens: int = 6,
+         lengths=None) -> tuple[RuntimeCluster, FakeBus]:
     bus = FakeBus(NUM_DEVICES, answer_ids=tokenizer.encode("Answer: 1"), up_delay_seed=up_delay_seed,
                   **(bus_kwargs or {}))
     book = RolloutBook(PromptDataset.arithmetic(16, seed=0), tokenizer, prompts_per_step=prompts, group_size=group,
-                       seed=0, reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400)
+                       seed=0, reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400,
+                       lengths=lengths)
     model = ThroughputModel(A=1e-7, B=1e-3, C=1e-4, D=1e-3)
     spec = ControllerSpec(num_nodes=1, devices_per_node=NUM_DEVICES, timeout_s=20,
                           sampling={"rollout": Sampling(max_tokens=rollout_max_tokens, temperature=1.0),
@@ -153,6 +155,21 @@ def test_a_profile_that_matches_needs_no_refit(tokenizer) -> None:
     report = _belief_checks(cluster, "rollout", LAW)
     assert [h["source"] for h in report["history"]] == ["prior", "profile"]
     assert report["final"]["error"]["median"] <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["disaggregated", "chaos"])
+def test_synthetic_lengths_are_generated_exactly(name: str, tokenizer) -> None:
+    """data.lengths = lognormal: each response is generated to the length drawn for it, through migrations."""
+    from pivotrl.runtime.book import SyntheticLengths
+    from pivotrl.sim.workload import LengthDist
+
+    lengths = SyntheticLengths(response=LengthDist(median=10, sigma=0.8, max_tokens=24), judgement=None, seed=3,
+                               prompts_per_step=4, group_size=2)
+    cluster, bus = _run(DEPLOYMENTS[name], tokenizer, lengths=lengths, rollout_max_tokens=24)
+    _check_accounting(cluster, bus, 3)
+    drawn = {s: lengths.tokens("rollout", s) for s in cluster.book.records}
+    assert {s: len(r.response_ids) for s, r in cluster.book.records.items()} == drawn
+    assert len(set(drawn.values())) > 3  # a spread, not one length
 
 
 def test_chaos_shifts_in_every_direction(tokenizer) -> None:
