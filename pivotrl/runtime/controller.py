@@ -439,7 +439,7 @@ class RuntimeCluster:
 
     def _on_Bye(self, device: int, msg: m.Bye) -> None:
         self._byes.add(device)
-        self.cpu_s_by_device[device] = {"user": msg.cpu_user_s, "system": msg.cpu_system_s}
+        self.cpu_s_by_device[device] = {"user": msg.cpu_user_s, "system": msg.cpu_system_s, "paced": msg.paced_s}
 
     def _record_shift(self, device: int, report: dict[str, Any], **extra: Any) -> None:
         self.shift_reports.append({**report, "device": device, "time_s": self.clock.now(), **extra})

@@ -283,6 +283,7 @@ class Bye(WorkerMessage):
     kind: ClassVar[str] = "Bye"
     cpu_user_s: float = 0.0
     cpu_system_s: float = 0.0
+    paced_s: float = 0.0  # seconds the device pacing held this rank back (cluster.device_share)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -206,7 +206,8 @@ def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, trai
                                                             score_scale=cfg.reward.score_scale),
                       trainer=trainer,
                       training_device_ids=training, validation=_validation(cfg, rank, training),
-                      fit_cache=_fit_cache(cfg))
+                      fit_cache=_fit_cache(cfg),
+                      device_share=None if cfg.trainer.device == "cuda" else cfg.cluster.pacing_share())
 
 
 def _fit_cache(cfg: PipelineConfig) -> str:
@@ -310,7 +311,8 @@ def cpu_summary(by_device: dict[int, dict[str, float]]) -> dict[str, Any]:
     """CPU seconds of each worker process (user, system) and of the job, and system time's share of it."""
     user, system = (sum(cpu[k] for cpu in by_device.values()) for k in ("user", "system"))
     return {"by_device": {str(d): cpu for d, cpu in sorted(by_device.items())}, "user_s": user, "system_s": system,
-            "system_share": system / (user + system) if user + system > 0 else 0.0}
+            "system_share": system / (user + system) if user + system > 0 else 0.0,
+            "paced_s": sum(cpu.get("paced", 0.0) for cpu in by_device.values())}
 
 
 _FAILURE_GRACE_S = 3.0  # after a failure: time for the Shutdown messages and the log lines to go out

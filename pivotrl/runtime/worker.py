@@ -67,6 +67,7 @@ from pivotrl.runtime.messages import (
     WorkerMessage,
     Written,
 )
+from pivotrl.runtime.pacing import DevicePacer
 from pivotrl.shifting import RoleContextManager
 from pivotrl.shifting.adapters import EngineRole, TrainingRole
 
@@ -106,6 +107,7 @@ class WorkerSpec:
     validation: Validation | None = None  # this training device's share of the held-out set (§8.7)
     trainer_state: str | None = None  # a resumed run: this rank's trainer-<r>-of-<n>.pt (optimizer chunks, RNG)
     fit_cache: str | None = None  # folder of cached engine fits (``roles.profiling.fit_engine``); None: no cache
+    device_share: float | None = None  # CPU: pace this rank's device work to this fraction of a core (pacing.py)
 
     def __post_init__(self) -> None:
         if self.device_id < 0:
@@ -191,6 +193,7 @@ class Worker:
         self._tokenizer: Any = None  # the policy's, loaded at the first validation
         self._writes: list[_PendingWrite] = []
         self._running = False
+        self.pacer = DevicePacer(spec.device_share)  # an emulated device of fixed capacity (None: unpaced)
         self._handlers = {
             StartReplica: self._start_replica, AddSequences: self._add_sequences, AbortSequences: self._abort,
             StopReplica: self._stop_replica, LoadVersion: self._load_version, Train: self._train,
@@ -209,10 +212,12 @@ class Worker:
                 messages = []
             for msg in messages:
                 self._handle(msg)
+                self.pacer.pace()  # a shift, a training step, a weight load: device work
                 if not self._running:
                     break
             if self._running and self._has_work():
                 self._step()
+                self.pacer.pace()
             self._flush_progress(force=False)
             self._poll_writes()
 
@@ -490,7 +495,7 @@ class Worker:
             self._training.trainer.close()  # before the training group is destroyed (see GRPOTrainer)
         self._running = False
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        self._send(Bye, cpu_user_s=usage.ru_utime, cpu_system_s=usage.ru_stime)
+        self._send(Bye, cpu_user_s=usage.ru_utime, cpu_system_s=usage.ru_stime, paced_s=self.pacer.slept_s)
 
 
 def save_checkpoint(template: Path, out: Path, params: dict[str, torch.Tensor]) -> None:

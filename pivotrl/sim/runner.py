@@ -23,7 +23,8 @@ from pivotrl.sim.engine import SimulationStalled, Simulator
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.workload import Workload
 
-__all__ = ["make_deployment", "simulate", "simulate_many", "grid_step", "allocations", "grid_search"]
+__all__ = ["make_deployment", "simulate", "simulate_many", "grid_step", "allocations", "device_allocations",
+           "grid_search"]
 
 
 def make_deployment(cfg: SimConfig, strategy: Any = None) -> Deployment:
@@ -43,7 +44,12 @@ def grid_step(sc: Scenario) -> int:
 
 def allocations(sc: Scenario, base: DeploymentConfig) -> list[DeploymentConfig]:
     """Every allocation of ``base.kind`` on the grid (colocated has exactly one)."""
-    n, g = sc.num_devices, grid_step(sc)
+    return device_allocations(sc.num_devices, grid_step(sc), base)
+
+
+def device_allocations(n: int, g: int, base: DeploymentConfig) -> list[DeploymentConfig]:
+    """Every allocation of ``base.kind`` on ``n`` devices in steps of ``g`` (a shiftable deployment's training
+    sets: N/8, N/4, N/2, 3N/4 and N, at least one device, each once)."""
     rep = dataclasses.replace
     if base.kind == "colocated":
         return [base]
@@ -52,7 +58,8 @@ def allocations(sc: Scenario, base: DeploymentConfig) -> list[DeploymentConfig]:
                 for tr in range(g, n, g) for ro in range(g, n - tr, g)]
     if base.kind == "rr_colocated":
         return [rep(base, rollout_devices=n - tr, reward_devices=0, training_devices=tr) for tr in range(g, n, g)]
-    return [rep(base, training_devices=k * n // 8) for k in (1, 2, 4, 6, 8)]
+    sizes = sorted({max(1, k * n // 8) for k in (1, 2, 4, 6, 8)})
+    return [rep(base, training_devices=tr) for tr in sizes]
 
 
 def simulate_many(cfgs: list[SimConfig], workload: Workload | None = None, jobs: int = 1) -> list[SimResult | None]:
