@@ -281,7 +281,7 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
                                       "skipped": cluster.book.dataset.skipped}}
         folder.write_summary(result.summary)
         write_atomic(folder.path / "fits.json", json.dumps(
-            {"engine_fits": cluster.engine_fits,
+            {"engine_fits": [_with_residuals(fit) for fit in cluster.engine_fits],
              "beliefs": {role: {**b.report(), "samples": [s.row() for s in b.all_samples]}
                          for role, b in cluster.beliefs.items()}}, indent=1) + "\n")
         print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
@@ -305,6 +305,14 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
     finally:
         time.sleep(0.2)
         bus.close()
+
+
+def _with_residuals(fit: dict[str, Any]) -> dict[str, Any]:
+    """An engine fit with each of its samples' relative residual (predicted - measured) / measured."""
+    if fit.get("model") is None:
+        return fit
+    model = ThroughputModel(**fit["model"])
+    return {**fit, "residuals": [(model.latency(t, n) - lat) / lat for t, n, lat in fit["samples"]]}
 
 
 def cpu_summary(by_device: dict[int, dict[str, float]]) -> dict[str, Any]:

@@ -67,6 +67,10 @@ def test_a_rollout_engine_that_holds_a_few_sequences_runs_every_step(tmp_path: P
     capacity = summary["kv_capacity_tokens"]["rollout"]  # what the engine reported, not the config's estimate
     assert capacity == 5 * 128
     fits = json.loads((Path(summary["policy_dir"]).parent / "fits.json").read_text())
+    for fit in fits["engine_fits"]:  # every fit in the run folder with its samples and residuals
+        assert fit["source"] in ("profile", "cache", "none")
+        if fit["model"] is not None:
+            assert len(fit["residuals"]) == len(fit["samples"]) >= 4
     running = [int(n) for _, n, _ in fits["beliefs"]["rollout"]["samples"]]
     assert running and max(running) <= capacity // 128  # never more sequences at once than the cache holds
 
