@@ -75,32 +75,32 @@ def lone_engine_tps(num_repeats: int) -> dict[str, float]:
 LONG_TAIL = ["data.lengths=lognormal", "rollout.max_tokens=160", "data.response_median=24", "data.response_sigma=1.0"]
 
 
-def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, list[list[str]]]:
+def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, list[tuple[str, list[str]]]]:
     """Every allocation the paper's tuning would try (``pivotrl.sim.runner.device_allocations``) that this runtime
-    can run: a training set dividing a step's prompts (whole GRPO groups per training rank)."""
+    can run (a training set dividing a step's prompts: whole GRPO groups per training rank), as (label,
+    config overrides)."""
     from pivotrl.control import DeploymentConfig
     from pivotrl.sim.runner import device_allocations
 
-    out: dict[str, list[list[str]]] = {}
+    out: dict[str, list[tuple[str, list[str]]]] = {}
     for name, kind in (("colocated", "colocated"), ("disaggregated", "disaggregated"),
                        ("rr_colocated", "rr_colocated"), ("pivotrl", "shiftable")):
         deps = device_allocations(num_devices, 1, DeploymentConfig(kind=kind))  # type: ignore[arg-type]
-        out[name] = [[f"deployment.kind={kind}", f"deployment.rollout_devices={d.rollout_devices}",
-                      f"deployment.reward_devices={d.reward_devices}", f"deployment.training_devices={d.training_devices}"]
+        out[name] = [(_label(d), [f"deployment.kind={kind}", f"deployment.rollout_devices={d.rollout_devices}",
+                                  f"deployment.reward_devices={d.reward_devices}",
+                                  f"deployment.training_devices={d.training_devices}"])
                      for d in deps if kind == "colocated" or prompts_per_step % d.training_devices == 0]
     return out
 
 
-def _allocation(overrides: list[str]) -> str:
-    kv = dict(o.split("=", 1) for o in overrides)
-    kind = kv["deployment.kind"]
-    if kind == "colocated":
+def _label(d) -> str:  # noqa: ANN001 (a DeploymentConfig)
+    if d.kind == "colocated":
         return "all"
-    if kind == "disaggregated":
-        return f"{kv['deployment.rollout_devices']}/{kv['deployment.reward_devices']}/{kv['deployment.training_devices']}"
-    if kind == "rr_colocated":
-        return f"{kv['deployment.rollout_devices']}+{kv['deployment.training_devices']}"
-    return f"TR={kv['deployment.training_devices']}"
+    if d.kind == "disaggregated":
+        return f"{d.rollout_devices}/{d.reward_devices}/{d.training_devices}"
+    if d.kind == "rr_colocated":
+        return f"{d.rollout_devices}+{d.training_devices}"
+    return f"TR={d.training_devices}"
 
 
 def tuned(args: argparse.Namespace) -> int:
@@ -110,11 +110,10 @@ def tuned(args: argparse.Namespace) -> int:
         for n in args.devices:
             tps, best, breakdown, tried = {}, {}, {}, {}
             for name, candidates in tuned_candidates(n).items():
-                for k, overrides in enumerate(candidates):
+                for k, (label, overrides) in enumerate(candidates):
                     job = run_job(Path(tmp) / f"{n}-{name}-{k}", [f"run.num_steps={args.steps}", *LONG_TAIL,
                                                                   *overrides, *args.overrides],
                                   nproc=n, timeout_s=args.timeout_s)
-                    label = _allocation(overrides)
                     if job.returncode != 0:
                         print(job.output[-3000:], file=sys.stderr)
                         tried.setdefault(name, {})[label] = None

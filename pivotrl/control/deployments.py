@@ -25,12 +25,10 @@ __all__ = ["Deployment", "Colocated", "Disaggregated", "RRColocated"]
 class Deployment:
     """Hooks the control plane calls; the default does nothing.
 
-    ``staleness``: the bound the run's ledger enforces; ``training_set``: the devices training runs
-    on. Both are the deployment's decisions (``DeploymentConfig.staleness_bound`` / ``training_set``);
-    the backends read them here."""
+    ``staleness``: the bound the run's ledger enforces (``DeploymentConfig.staleness_bound``), the
+    deployment's decision; the plane builds its ledger from it."""
 
     staleness: int = 0
-    training_set: tuple[int, ...] = ()
 
     def start(self, cp: ControlPlane) -> None:
         raise NotImplementedError
@@ -81,7 +79,6 @@ class Colocated(Deployment):
 
     def __init__(self, num_devices: int) -> None:
         self.devices = list(range(num_devices))
-        self.training_set = tuple(self.devices)
         self.phase = "rollout"
 
     def start(self, cp: ControlPlane) -> None:
@@ -126,7 +123,7 @@ class _AsyncTraining(Deployment):
     """A fixed training pool that trains each batch as soon as it is ready (in order)."""
 
     def __init__(self, training: tuple[int, ...], staleness: int) -> None:
-        self.training = self.training_set = tuple(training)
+        self.training = tuple(training)
         self.staleness = staleness
 
     def on_batch_ready(self, cp: ControlPlane, step: int) -> None:

@@ -56,7 +56,7 @@ class Shiftable(Deployment):
             strategy = make_strategy(dep.strategy, **dep.strategy_cfg)
         self.strategy = strategy
         self.num_devices = num_devices
-        self.training = self.training_set = dep.training_set(num_devices)
+        self.training = dep.training_set(num_devices)
         self.staleness = dep.staleness_bound
         self.dep = dep
         self.ticks = TickPolicy(dep.tick_s, dep.max_tick_s)
