@@ -64,6 +64,11 @@ class Deployment:
         """A device the deployment places ``role`` on first (where a run profiles the role's engine)."""
         return 0
 
+    def engine_roles(self, device: int) -> tuple[InferenceRole, ...]:
+        """The inference roles ``device`` may ever serve: a run starts their engines there at start-up and keeps
+        them released until the role arrives (the default: any device may serve either)."""
+        return ("rollout", "reward")
+
     def busy(self, cp: ControlPlane) -> bool:
         """A shift or stage switch is in flight (the simulator's idle check)."""
         return False
@@ -163,6 +168,9 @@ class Disaggregated(_AsyncTraining):
     def first_device(self, role: InferenceRole) -> int:
         return (self.rollout if role == "rollout" else self.reward)[0]
 
+    def engine_roles(self, device: int) -> tuple[InferenceRole, ...]:
+        return ("rollout",) if device in self.rollout else ("reward",) if device in self.reward else ()
+
     def describe(self) -> dict[str, Any]:
         return {"rollout": len(self.rollout), "reward": len(self.reward), "training": len(self.training)}
 
@@ -208,6 +216,9 @@ class RRColocated(_AsyncTraining):
     def _switch(self, cp: ControlPlane) -> None:
         cp.stop_role("reward")
         cp.start_replicas("rollout", self.shared)
+
+    def engine_roles(self, device: int) -> tuple[InferenceRole, ...]:
+        return ("rollout", "reward") if device in self.shared else ()
 
     def describe(self) -> dict[str, Any]:
         return {"shared": len(self.shared), "training": len(self.training)}

@@ -32,7 +32,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -135,6 +135,10 @@ class EngineReplica:
         self._needs_weights = False  # re-allocated in place: the weights are to be loaded before any sequence
         self._release_mode: ReleaseMode | None = None  # resolved by the first start
         self._memory: _InPlaceMemory | None = None  # the started engine's, with release_mode "inplace"
+        # (wall s, this thread's CPU s) of an iteration -> the latency it reports: where a runtime that emulates
+        # a device of fixed capacity (pivotrl.runtime.pacing) turns CPU into device time; None: the wall time
+        self.device_seconds: Callable[[float, float], float] | None = None
+        self.after_step: Callable[[], object] | None = None  # called after every iteration (where a runtime paces)
         self.start(load_format)
 
     # ------------------------------------------------------------------ lifecycle
@@ -306,9 +310,11 @@ class EngineReplica:
     def step(self) -> StepResult:
         """Run one engine iteration; returns sequences that finished and the iteration's progress."""
         self._require_started()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         outputs = self._llm.llm_engine.step()
         latency_s = time.perf_counter() - t0
+        if self.device_seconds is not None:
+            latency_s = self.device_seconds(latency_s, time.thread_time() - cpu0)
         finished, new_token_ids, num_new = [], {}, 0
         for out in outputs:
             seq_id = int(out.request_id)  # the external id is str(seq_id)
@@ -328,6 +334,8 @@ class EngineReplica:
                                                  token_ids=tuple(seq.generated_ids),
                                                  finish_reason=str(out.outputs[0].finish_reason),
                                                  logprobs=None if seq.logprobs is None else tuple(seq.logprobs)))
+        if self.after_step is not None:
+            self.after_step()
         return StepResult(finished=finished, progress=self._progress(num_new, latency_s), new_token_ids=new_token_ids)
 
     def abort(self, seq_ids: Iterable[int]) -> dict[int, PartialSequence]:

@@ -210,14 +210,17 @@ def fit_key(engine: EngineConfig, device: str, profile: ProfileConfig) -> tuple[
 
 
 def fit_engine(engine: EngineConfig, replica: Callable[[], EngineReplica], *, cache_dir: Path | None,
-               config: ProfileConfig | None = None) -> tuple[ThroughputProfile, dict[str, object]]:
+               config: ProfileConfig | None = None, device: str | None = None
+               ) -> tuple[ThroughputProfile, dict[str, object]]:
     """The fit of engines of config ``engine`` from ``cache_dir`` (keyed by ``fit_key``), else a profile of
-    ``replica()`` (an empty engine of that config, made only on a miss), cached there. Returns the profile
-    and what happened (``source``: "cache" or "profile", ``key``, ``seconds``, ``path``)."""
+    ``replica()`` (an empty engine of that config, made only on a miss), cached there. ``device``: the device
+    kind the key names (None: ``device_kind()``; an emulated device adds its share, its latencies being its
+    own). Returns the profile and what happened (``source``: "cache" or "profile", ``key``, ``seconds``,
+    ``path``)."""
     import time
 
     config = config or runtime_profile_config(engine)
-    key, parts = fit_key(engine, device_kind(), config)
+    key, parts = fit_key(engine, device or device_kind(), config)
     path = None if cache_dir is None else Path(cache_dir) / f"{key}.json"
     if path is not None and path.exists():
         try:

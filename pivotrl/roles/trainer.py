@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -267,6 +267,9 @@ class GRPOTrainer:
         self.is_optimizer_offloaded = False
         self.are_parameters_loaded = True
         self.is_closed = False
+        # called after every forward (and backward) pass of a micro-batch: where a runtime paces its device
+        # (pivotrl.runtime.pacing); None: nothing
+        self.after_micro_step: Callable[[], object] | None = None
 
     @classmethod
     def from_pretrained(cls, path: str, config: TrainerConfig, *, process_group: Any = None) -> GRPOTrainer:
@@ -322,9 +325,17 @@ class GRPOTrainer:
     def _proximal_logprobs(self, batch: GRPOBatch, micro: list[list[int]]) -> list[torch.Tensor]:
         """Per micro-batch (rows, seq - 1) log-probs at the current parameters: the module and micro-batches
         of the gradient pass, so both give bitwise equal values."""
+        out = []
         with torch.no_grad():
-            return [token_logprobs(self.model, *self._collate(batch, rows)[:2],
-                                   temperature=self.config.temperature) for rows in micro]
+            for rows in micro:
+                out.append(token_logprobs(self.model, *self._collate(batch, rows)[:2],
+                                          temperature=self.config.temperature))
+                self._micro_step_done()
+        return out
+
+    def _micro_step_done(self) -> None:
+        if self.after_micro_step is not None:
+            self.after_micro_step()
 
     def _accumulate(
         self, batch: GRPOBatch, micro: list[list[int]], proximal: list[torch.Tensor], *, backward: bool
@@ -351,6 +362,7 @@ class GRPOTrainer:
                 (terms.loss_sum * scale).backward()
             sums += _float64(terms.loss_sum.detach(), terms.num_clipped, terms.weight_sum, terms.num_capped)
             maxima = torch.maximum(maxima, _float64(terms.ratio_max_abs_dev, terms.weight_max))
+            self._micro_step_done()
         sums, maxima = self._all_reduce(sums), self._all_reduce(maxima, dist.ReduceOp.MAX)
         per_token = sums / max(num_tokens, 1)
         return {"loss": float(per_token[0]), "num_tokens": num_tokens, "clip_fraction": float(per_token[1]),

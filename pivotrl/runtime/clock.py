@@ -26,6 +26,15 @@ class WallClock:
     def now(self) -> float:
         return self._source() - self._t0
 
+    def restart(self) -> float:
+        """Make now 0 (a run's time counts from its first placement); returns the seconds that had passed.
+        Only before any timer is set."""
+        if self._timers:
+            raise RuntimeError(f"clock restart with {len(self._timers)} timers pending")
+        elapsed = self.now()
+        self._t0 = self._source()
+        return elapsed
+
     def call_at(self, time_s: float, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._timers, (time_s, next(self._counter), fn, args))
 

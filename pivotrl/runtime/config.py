@@ -77,6 +77,10 @@ class RunConfig:
     # the engines' reports; false: the built-in CPU prior throughout
     fit_engines: bool = True
     fit_cache: str | None = None  # folder of cached fits; null: $PIVOTRL_CACHE/fits (~/.cache/pivotrl/fits)
+    # true: at start-up every device starts the engine of each inference role the deployment may place on it and
+    # releases it (vLLM sleep mode on GPUs, in place on CPU), so no shift pays an engine start; the run's time
+    # and tokens/s count from the first placement, the start-up is reported as startup_s
+    prepare_engines: bool = True
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):

@@ -71,6 +71,7 @@ class ControllerSpec:
     kv_capacity_tokens: dict[str, int]  # per inference role
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured (half of it stands for a shift down)
     fit_engines: bool = False  # start from each role's engine fit (cached, else profiled before the first placement)
+    prepare_engines: bool = False  # start every device's engines at start-up, released until their role arrives
     timeout_s: float = 1800.0
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
     checkpoint_every: int = 0  # checkpoint after every checkpoint_every-th step and the last; 0: never
@@ -199,6 +200,8 @@ class RuntimeCluster:
         # what the scheduler and planner believe of each role's engines (pivotrl.control.beliefs)
         self.beliefs = {role: RoleBelief(spec.belief[role]) for role in INFERENCE_ROLES}
         self.engine_fits: list[dict[str, Any]] = []  # what each EngineFit reported (the run folder's fits.json)
+        self.engines_prepared: dict[int, dict[str, Any]] = {}  # device -> its EnginesReady report
+        self.startup_s = 0.0  # seconds from the cluster's creation to the first placement (fits, engine starts)
 
     @property
     def published_version(self) -> int:
@@ -320,6 +323,19 @@ class RuntimeCluster:
             samples = [DecodeSample(float(t), int(n), float(lat)) for t, n, lat in msg.fit["samples"]]
             self.beliefs[msg.role].adopt(model, str(msg.fit["source"]), self.clock.now(), samples)
             self.plane.drivers[msg.role].update_spec(model, None)
+
+    def _on_EnginesReady(self, device: int, msg: m.EnginesReady) -> None:
+        self.engines_prepared[device] = msg.report
+
+    def prepare_engines(self, timeout_s: float = 600.0) -> None:
+        """Before the first placement: every device starts the engines of the roles the deployment may place on
+        it (``Deployment.engine_roles``) and releases them, all devices at once."""
+        asked = {d: list(self.plane.deployment.engine_roles(d)) for d in range(self.spec.num_devices)}
+        asked = {d: roles for d, roles in asked.items() if roles}
+        for d, roles in asked.items():
+            self.bus.send(d, m.PrepareEngines(roles=roles))
+        self.wait_for(lambda: all(d in self.engines_prepared for d in asked), timeout_s,
+                      f"the engines of devices {sorted(asked)} to start")
 
     def fit_engines(self, timeout_s: float = 600.0) -> None:
         """Before the first placement: each role's fit, from the cache or profiled on the device the deployment
@@ -467,6 +483,11 @@ class RuntimeCluster:
         deadline = time.monotonic() + self.spec.timeout_s
         if self.spec.fit_engines:
             self.fit_engines()
+        if self.spec.prepare_engines:
+            self.prepare_engines()
+        self.startup_s = self.clock.restart()  # the run's time counts from its first placement
+        for fit in self.engine_fits:
+            fit["time_s"] -= self.startup_s
         self.plane.start()
         ledger = self.plane.ledger
         while not self.plane.finished:

@@ -7,11 +7,12 @@ pickle, since the bytes may come from outside the job. ``decode`` checks the kin
 and the field on bad input.
 
 Controller → worker: ``StartReplica``, ``AddSequences``, ``AbortSequences``, ``StopReplica``,
-``LoadVersion``, ``Train``, ``GpsWrite``, ``StopTraining``, ``SavePolicy``, ``Shutdown``.
+``LoadVersion``, ``Train``, ``GpsWrite``, ``StopTraining``, ``SavePolicy``, ``Shutdown``; at start-up
+``FitEngine`` and ``PrepareEngines``.
 Worker → controller (each carries the sender's ``device`` and ``roles_held``: the roles the worker's
 own ``RoleContextManager`` has up on that device when the message is built): ``Progress``,
 ``ReplicaUp``, ``ReplicaDown``, ``Aborted``, ``Reloaded``, ``Trained``, ``Written``,
-``TrainingDown``, ``Saved``, ``Bye``, ``WorkerError``.
+``TrainingDown``, ``Saved``, ``Bye``, ``WorkerError``; at start-up ``EngineFit`` and ``EnginesReady``.
 
 Invariant: ``decode(m.to_json()) == m`` for every message ``m`` built with the declared types
 (token pairs as tuples ``(seq_id, token_ids)``).
@@ -25,8 +26,9 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
-    "MESSAGES", "Aborted", "AbortSequences", "AddSequences", "Bye", "FinishedSeq", "GpsWrite", "LoadVersion",
-    "Message", "PartialSeq", "Progress", "Reloaded", "ReplicaDown", "ReplicaUp", "Saved", "SavePolicy", "SeqToAdd", "Shutdown",
+    "MESSAGES", "Aborted", "AbortSequences", "AddSequences", "Bye", "EngineFit", "EnginesReady", "FinishedSeq",
+    "FitEngine", "GpsWrite", "LoadVersion", "Message", "PartialSeq", "PrepareEngines", "Progress", "Reloaded",
+    "ReplicaDown", "ReplicaUp", "Saved", "SavePolicy", "SeqToAdd", "Shutdown",
     "StartReplica", "StopReplica", "StopTraining", "Train", "Trained", "TrainingDown", "WorkerError",
     "WorkerMessage", "Written", "decode",
 ]
@@ -181,6 +183,15 @@ class FitEngine(Message):
     role: EngineRoleName
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrepareEngines(Message):
+    """Start this device's engine of each of ``roles`` now (start-up, before the first placement) and release its
+    memory (in place on CPU, sleep on GPUs): a role's first shift onto the device then pays no engine start."""
+
+    kind: ClassVar[str] = "PrepareEngines"
+    roles: list[EngineRoleName]
+
+
 # ---------------------------------------------------------------------- worker -> controller
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Progress(WorkerMessage):
@@ -287,6 +298,15 @@ class Bye(WorkerMessage):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EnginesReady(WorkerMessage):
+    """The reply to ``PrepareEngines``: ``report`` maps each role to ``{"start_s", "release_s", "release_mode",
+    "prepared"}`` (``prepared`` false: the engine is not kept between shifts, ``release`` teardown)."""
+
+    kind: ClassVar[str] = "EnginesReady"
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerError(WorkerMessage):
     kind: ClassVar[str] = "WorkerError"
     where: str  # the kind of the message being handled (or "recv" / "loop")
@@ -295,8 +315,8 @@ class WorkerError(WorkerMessage):
 
 MESSAGES: dict[str, type[Message]] = {cls.kind: cls for cls in (
     StartReplica, AddSequences, AbortSequences, StopReplica, LoadVersion, Train, GpsWrite, StopTraining, SavePolicy,
-    Shutdown, FitEngine, Progress, ReplicaUp, EngineFit, ReplicaDown, Aborted, Reloaded, Trained, Written, TrainingDown, Saved, Bye,
-    WorkerError)}
+    Shutdown, FitEngine, PrepareEngines, Progress, ReplicaUp, EngineFit, EnginesReady, ReplicaDown, Aborted, Reloaded,
+    Trained, Written, TrainingDown, Saved, Bye, WorkerError)}
 
 
 # ---------------------------------------------------------------------- encoding and decoding

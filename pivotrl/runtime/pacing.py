@@ -9,6 +9,11 @@ since the last call exceeds ``share`` times the wall time, so over any stretch t
 ``share`` of a core (plus a burst of ``burst_s`` of CPU saved up while idle). With ``share`` = cores ÷
 ranks, every rank can always get its share, so its speed no longer depends on its peers.
 
+An emulated device also *reports* device time: ``device_seconds(wall, cpu)`` is how long work that took
+``wall`` seconds and ``cpu`` seconds of this thread's CPU occupies the device (``cpu / share`` when that
+is longer), the latency an engine iteration reports and its throughput fit is made of. Start-up work
+(engine creation, profiling) is not the run's device work: ``reset`` forgets it.
+
 Invariant: between two calls, CPU used ≤ share × wall elapsed + burst; sleeping is ``time.sleep``
 (blocking), never a poll.
 """
@@ -41,6 +46,15 @@ class DevicePacer:
         self._last_cpu, self._last_t = cpu(), clock()
         self._debt = 0.0  # CPU seconds used beyond the share (negative: saved-up burst)
         self.slept_s = 0.0  # in all (how much the pacing held this device back)
+
+    def device_seconds(self, wall_s: float, cpu_s: float) -> float:
+        """The seconds work of ``wall_s`` wall and ``cpu_s`` thread-CPU seconds takes on the emulated device."""
+        return wall_s if self.share is None else max(wall_s, cpu_s / self.share)
+
+    def reset(self) -> None:
+        """Forget the CPU used so far (start-up work): the next ``pace`` counts from now."""
+        self._debt = 0.0
+        self._last_cpu, self._last_t = self._cpu(), self._clock()
 
     def pace(self) -> float:
         """Sleep off the CPU used beyond the share since the last call; returns the seconds slept."""

@@ -267,6 +267,8 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
         saved = cluster.save_policy(str(folder.policy_dir), device=training[0])
         tokens = sum(cluster.tokens_by_role.values())
         result.summary = {"tps": tokens / seconds, "generated_tokens": tokens, "seconds": seconds,
+                          "startup_s": cluster.startup_s,
+                          "engines_prepared": {str(d): r for d, r in cluster.engines_prepared.items()},
                           "num_steps": cfg.run.num_steps, "num_plans": len(cluster.plane.shifts),
                           "num_shift_reports": len(cluster.shift_reports), "policy_version": saved.version,
                           "policy_dir": saved.path, "deployment": cfg.deployment.name,
@@ -359,7 +361,7 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
                                                        temperature=cfg.genrm.temperature)},
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
                           checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
-                          fit_engines=cfg.run.fit_engines)
+                          fit_engines=cfg.run.fit_engines, prepare_engines=cfg.run.prepare_engines)
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,
                           resumed=resumed)

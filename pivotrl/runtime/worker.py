@@ -44,12 +44,14 @@ from pivotrl.runtime.messages import (
     AddSequences,
     Bye,
     EngineFit,
+    EnginesReady,
     FinishedSeq,
     FitEngine,
     GpsWrite,
     LoadVersion,
     Message,
     PartialSeq,
+    PrepareEngines,
     Progress,
     Reloaded,
     ReplicaDown,
@@ -77,6 +79,7 @@ EngineRoleName = Literal["rollout", "reward"]
 MODEL_OF: dict[str, str] = {"rollout": "policy", "reward": "genrm"}  # GPS model a role serves
 _POLL_WAIT_S = 0.005  # longest wait for a message while a GPS write or a Progress report is pending
 _IDLE_WAIT_S = 0.2  # longest wait for a message with nothing pending (a message wakes the loop at once)
+_STARTUP = (FitEngine, PrepareEngines)  # start-up messages: their work is not paced (pacing.DevicePacer.reset)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
@@ -198,7 +201,7 @@ class Worker:
             StartReplica: self._start_replica, AddSequences: self._add_sequences, AbortSequences: self._abort,
             StopReplica: self._stop_replica, LoadVersion: self._load_version, Train: self._train,
             GpsWrite: self._gps_write, StopTraining: self._stop_training, SavePolicy: self._save_policy,
-            Shutdown: self._shutdown, FitEngine: self._fit_engine,
+            Shutdown: self._shutdown, FitEngine: self._fit_engine, PrepareEngines: self._prepare_engines,
         }
 
     # ------------------------------------------------------------------ loop
@@ -212,12 +215,14 @@ class Worker:
                 messages = []
             for msg in messages:
                 self._handle(msg)
-                self.pacer.pace()  # a shift, a training step, a weight load: device work
+                if isinstance(msg, _STARTUP):
+                    self.pacer.reset()  # start-up work is not the run's device work
+                else:
+                    self.pacer.pace()  # a shift, a training step, a weight load: device work
                 if not self._running:
                     break
             if self._running and self._has_work():
-                self._step()
-                self.pacer.pace()
+                self._step()  # (the engine paces each of its iterations)
             self._flush_progress(force=False)
             self._poll_writes()
 
@@ -256,7 +261,11 @@ class Worker:
         role = self.manager.role_on(self.device)
         return [] if role is None else [role.role]
 
-    def _send(self, cls: type[WorkerMessage], **fields: Any) -> None:
+    def _send(self, cls: type[WorkerMessage], *, paced: bool = True, **fields: Any) -> None:
+        """Send a reply once the emulated device would have done the work before it (``paced``; start-up
+        replies are not)."""
+        if paced:
+            self.pacer.pace()
         self.bus.send(cls(device=self.device, roles_held=self.roles_held(), **fields))
 
     def _error(self, where: str, err: BaseException) -> None:
@@ -298,18 +307,47 @@ class Worker:
     def _fit_engine(self, msg: FitEngine) -> None:
         """The role engine's App. A fit: from the cache (no engine needed), else profiled now on this device's
         engine of the role, created here if need be (empty, holding no role)."""
-        from pivotrl.roles.profiling import ProfileError, fit_engine
+        from pivotrl.roles.profiling import ProfileError, device_kind, fit_engine
 
         config = self.spec.rollout_engine if msg.role == "rollout" else self.spec.reward_engine
         cache = None if self.spec.fit_cache is None else Path(self.spec.fit_cache)
+        device = device_kind() if self.pacer.share is None else f"{device_kind()} share={self.pacer.share:g}"
         try:
-            profile, info = fit_engine(config, lambda: self._engine_role(msg.role)[0].replica, cache_dir=cache)
+            profile, info = fit_engine(config, lambda: self._startup_engine(msg.role), cache_dir=cache,
+                                       device=device)
         except ProfileError as err:  # the controller keeps its prior and refits from this engine's reports
             fit: dict[str, Any] = {"model": None, "source": "none", "reason": str(err), "samples": []}
         else:
             fit = {"model": profile.model.as_dict(), **info,
                    "samples": [[s.num_tokens, s.num_seqs, s.latency_s] for s in profile.samples]}
-        self._send(EngineFit, role=msg.role, fit=fit)
+        self._send(EngineFit, role=msg.role, fit=fit, paced=False)
+
+    def _startup_engine(self, role: EngineRoleName) -> EngineReplica:
+        """The role's engine, created if need be as start-up work: the pacing starts after it."""
+        replica = self._engine_role(role)[0].replica
+        self.pacer.reset()
+        return replica
+
+    def _prepare_engines(self, msg: PrepareEngines) -> None:
+        """Start the engine of each role now and release its memory, as vLLM's sleep mode keeps an engine on a
+        GPU: the role's first shift onto this device then re-allocates and reads weights, never starts an engine.
+        A tear-down engine is not kept between shifts, so it is not started here."""
+        report: dict[str, Any] = {}
+        for role_name in dict.fromkeys(msg.roles):
+            config = self.spec.rollout_engine if role_name == "rollout" else self.spec.reward_engine
+            if config.release == "teardown":
+                report[role_name] = {"prepared": False, "release_mode": "teardown", "start_s": 0.0, "release_s": 0.0}
+                continue
+            role, start_s = self._engine_role(role_name)
+            release_s = 0.0
+            if self.manager.role_on(self.device) is not role and role.replica.is_started:
+                t0 = time.perf_counter()
+                role.discard_temporary()
+                role.discard_parameters()
+                release_s = time.perf_counter() - t0
+            report[role_name] = {"prepared": True, "release_mode": role.replica.release_mode, "start_s": start_s,
+                                 "release_s": release_s}
+        self._send(EnginesReady, report=report, paced=False)
 
     def _engine_role(self, role: EngineRoleName) -> tuple[EngineRole, float]:
         """This device's engine role for ``role`` (created on first use, dummy weights) and the seconds
@@ -319,6 +357,9 @@ class Worker:
         start = time.perf_counter()
         config = self.spec.rollout_engine if role == "rollout" else self.spec.reward_engine
         replica = EngineReplica(config, load_format="dummy")
+        if self.pacer.share is not None:  # an emulated device: every iteration (a profile's too) is paced, and
+            replica.device_seconds = self.pacer.device_seconds  # reports the latency of the emulated device
+            replica.after_step = self.pacer.pace
         self._engines[role] = EngineRole(replica, role=role, model=MODEL_OF[role], devices=(self.device,),
                                          parallelism=Parallelism())
         return self._engines[role], time.perf_counter() - start
@@ -435,6 +476,7 @@ class Worker:
         ids = self.spec.training_device_ids
         group = self.training_group if len(ids) > 1 else None
         trainer = GRPOTrainer.from_pretrained(self.spec.policy_path, self.spec.trainer, process_group=group)
+        trainer.after_micro_step = self.pacer.pace  # an emulated device paces every forward / backward pass
         if self.spec.trainer_state is not None:  # resumed: the parameters come from GPS at shift up
             from pivotrl.runtime.checkpoint import load_trainer_state
 

@@ -542,3 +542,19 @@ def test_a_non_finite_loss_skips_the_update() -> None:
     stats = trainer.step(_batch(0, behaviour=True))
     assert not stats.is_skipped and math.isfinite(stats.loss)
     assert any(not torch.equal(before[n], t) for n, t in trainer.state_dict_hf().items())
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 4, 6])
+def test_every_pass_of_a_micro_batch_is_reported_and_changes_nothing(micro_batch_size: int) -> None:
+    """``after_micro_step`` (where a runtime paces its emulated device) is called after each micro-batch of the
+    proximal pass and of the gradient pass, and the step is bitwise that of a trainer without it."""
+    model, batch = _model(), _batch(4)  # 6 rows
+    config = TrainerConfig(lr=1e-3, micro_batch_size=micro_batch_size)
+    hooked, plain = GRPOTrainer(copy.deepcopy(model), config), GRPOTrainer(copy.deepcopy(model), config)
+    calls = []
+    hooked.after_micro_step = lambda: calls.append(1)
+    hooked.step(batch)
+    plain.step(batch)
+    assert len(calls) == 2 * -(-6 // micro_batch_size)
+    for name, p in hooked.state_dict_hf().items():
+        assert torch.equal(p, plain.state_dict_hf()[name]), name

@@ -62,3 +62,37 @@ def test_no_share_no_pacing_and_the_defaults() -> None:
     for bad in (0, 2, "half", True):
         with pytest.raises(ConfigError, match="device_share: must be auto, off or a fraction"):
             ClusterConfig(device_share=bad)
+
+
+@settings(max_examples=100, deadline=None)
+@given(share=st.floats(0.05, 1.0), wall=st.floats(0.0, 1.0), cpu=st.floats(0.0, 1.0))
+def test_device_time_is_what_the_pacing_makes_the_work_take(share: float, wall: float, cpu: float) -> None:
+    """The latency an emulated device reports for a piece of work equals the wall time the work plus the pacing
+    after it take (no burst saved up): iterations report the device's speed, not the core's."""
+    t = FakeTime()
+    pacer = DevicePacer(share, burst_s=0.0, cpu=lambda: t.cpu, clock=lambda: t.wall, sleep=t.sleep)
+    t.work(cpu, wall)
+    pacer.pace()
+    assert pacer.device_seconds(max(wall, cpu), cpu) == pytest.approx(t.wall, rel=1e-9, abs=1e-12)
+    assert DevicePacer(None).device_seconds(wall, cpu) == wall
+
+
+def test_start_up_work_is_forgotten() -> None:
+    t = FakeTime()
+    pacer = DevicePacer(0.25, burst_s=0.0, cpu=lambda: t.cpu, clock=lambda: t.wall, sleep=t.sleep)
+    t.work(8.0, 8.0)  # an engine start and a profile
+    pacer.reset()
+    t.work(0.01, 0.01)
+    assert pacer.pace() == pytest.approx(0.03)  # only the run's own work is paced
+
+
+def test_the_run_clock_restarts_at_the_first_placement() -> None:
+    from pivotrl.runtime.clock import WallClock
+
+    now = [100.0]
+    clock = WallClock(source=lambda: now[0])
+    now[0] = 107.5
+    assert clock.restart() == pytest.approx(7.5) and clock.now() == 0.0
+    clock.call_at(1.0, lambda: None)
+    with pytest.raises(RuntimeError, match="timers pending"):
+        clock.restart()

@@ -86,6 +86,21 @@ def test_ranks_without_work_sleep(job) -> None:
         assert (cpu1 - cpu0) / (t1 - t0) < 0.5, (rank, cpu1 - cpu0, t1 - t0)
 
 
+def test_prepared_engines_start_at_start_up_and_serve_without_an_engine_start(job) -> None:
+    """PrepareEngines starts each named engine once (a repeated role once) and releases it in place; the role's
+    first shift up onto the device then pays no engine start, and the engine generates as a fresh one does (the
+    abort/resume test compares device 0's prepared engine with device 1's fresh one token for token)."""
+    result, _ = job
+    prepared = result["prepared"]
+    assert set(prepared["0"]) == {"rollout"} and set(prepared["1"]) == {"reward"}
+    for report in (prepared["0"]["rollout"], prepared["1"]["reward"]):
+        assert report["prepared"] and report["release_mode"] == "inplace" and report["start_s"] > 0
+    assert result["up2"]["report"]["engine_start_s"] == 0.0  # rollout onto device 0: prepared
+    assert result["up3"]["report"]["engine_start_s"] == 0.0  # reward onto device 1: prepared
+    assert result["up3"]["report"]["parameters_bytes"] > 0 and result["judgement"]
+    assert result["up1"]["report"]["engine_start_s"] > 0  # rollout onto device 1 was not prepared
+
+
 def test_a_replica_reads_its_weights_from_gps_on_one_rank_alone(job) -> None:
     result, _ = job  # device 1 read from device 0's host copy (NIXL, one-sided) while rank 0 idled
     up = result["up1"]

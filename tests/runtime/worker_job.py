@@ -32,8 +32,10 @@ from pivotrl.runtime.messages import (  # noqa: E402
     AbortSequences,
     AddSequences,
     Bye,
+    EnginesReady,
     GpsWrite,
     LoadVersion,
+    PrepareEngines,
     Progress,
     Reloaded,
     ReplicaDown,
@@ -136,6 +138,11 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     prompts = {s.seq_id: chat_token_ids(records[s.group_id].messages, tokenizer) for s in slots}
     group_of = {s.seq_id: s.group_id for s in slots}
 
+    # 0. start-up: device 0 prepares a rollout engine, device 1 a reward engine (started, then released)
+    bus.send(0, PrepareEngines(roles=["rollout"]))
+    bus.send(1, PrepareEngines(roles=["reward", "reward"]))
+    res["prepared"] = {str(d): box.take(d, EnginesReady).report for d in (0, 1)}
+
     # 1. rollout on device 1 (its weights: a GPS Read by rank 1 alone), abort midway
     bus.send(1, StartReplica(replica_id=1, role="rollout", device_ids=[1], min_version=0))
     up = box.take(1, ReplicaUp)
@@ -156,7 +163,8 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
 
     # 2. resume on device 0, then an uninterrupted run of the same sequences there
     bus.send(0, StartReplica(replica_id=2, role="rollout", device_ids=[0], min_version=0))
-    res["up2"] = {"version": box.take(0, ReplicaUp).version}
+    up = box.take(0, ReplicaUp)
+    res["up2"] = {"version": up.version, "report": up.report}
     resumed: dict[int, list[int]] = {}
     resumed_logprobs: dict[int, list[float]] = {}
     bus.send(0, AddSequences(replica_id=2, seqs=seq_msgs({s: prompts[s] for s in partial}, partial, partial_logprobs)))
@@ -179,7 +187,7 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     res["idle_window"] = [start, time.monotonic()]
     bus.send(1, StartReplica(replica_id=3, role="reward", device_ids=[1], min_version=None))
     up = box.take(1, ReplicaUp)
-    res["up3"] = {"role": up.role, "version": up.version, "roles_held": up.roles_held}
+    res["up3"] = {"role": up.role, "version": up.version, "roles_held": up.roles_held, "report": up.report}
     text = tokenizer.decode(uninterrupted[0], skip_special_tokens=True)
     judge = chat_token_ids(genrm_messages(records[0].question, text), tokenizer)
     bus.send(1, AddSequences(replica_id=3, seqs=[SeqToAdd(seq_id=100, prompt_ids=judge, generated_ids=[],
