@@ -126,7 +126,10 @@ def tuned(args: argparse.Namespace) -> int:
                         t = s["time_breakdown"]
                         breakdown[name] = {**t, "shifts_by_role": s["shifts_by_role"],
                                            "staleness_wait_s": s["staleness_waits"]["seconds"],
-                                           "paced_s": s["cpu"].get("paced_s", 0.0)}
+                                           "paced_s": s["cpu"].get("paced_s", 0.0),
+                                           "startup_s": s.get("startup_s", 0.0),
+                                           "engine_start_s": sum(v.get("engine_start_s", 0.0)
+                                                                 for v in s["shifts_by_role"].values())}
             report[str(n)] = {"tps": tps, "best": best, "breakdown": breakdown, "tried": tried}
             static = max(v for k, v in tps.items() if k != "pivotrl")
             print(f"\n{n} emulated devices, long-tailed workload ({' '.join(LONG_TAIL)}), {args.steps} steps:")
