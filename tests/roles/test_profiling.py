@@ -78,7 +78,9 @@ def test_the_fit_cache_is_keyed_by_model_engine_config_and_device(profile, tmp_p
     import pivotrl.roles.profiling as profiling
 
     _, replica = profile
-    small = ProfileConfig(batch_sizes=(1, 4), context_tokens=(16,), decode_steps=3, warmup_steps=1)
+    # every sample kept (no interference filter): the keying must not depend on how loaded the machine is
+    small = ProfileConfig(batch_sizes=(1, 4), context_tokens=(16,), decode_steps=3, warmup_steps=1,
+                          interference_factor=1e9)
     first, info = profiling.fit_engine(replica.config, lambda: replica, cache_dir=tmp_path, config=small)
     assert info["source"] == "profile" and (tmp_path / f"{info['key']}.json").exists()
     monkeypatch.setattr(profiling, "profile_replica", lambda *a, **k: pytest.fail("profiled a cached engine"))
