@@ -335,22 +335,26 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
     from pivotrl.control import make_deployment
     from pivotrl.roles.tiny import load_tokenizer
     from pivotrl.runtime.book import RolloutBook, fitting_prompts
-    from pivotrl.runtime.config import load_prompts
+    from pivotrl.roles.reward import load_reward_function
+    from pivotrl.runtime.config import judge_template, load_prompts
     from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
     from pivotrl.shifting.adapters import kv_bytes_per_token
 
-    tokenizer = load_tokenizer(policy)
+    tokenizer, genrm_tokenizer = load_tokenizer(policy), load_tokenizer(genrm)
+    judge = judge_template(cfg)
+    reward_function = load_reward_function(cfg.reward.function) if cfg.reward.function else None
     genrm_prompt_tokens = cfg.genrm.max_model_len - cfg.genrm.max_tokens
     dataset = fitting_prompts(load_prompts(cfg), tokenizer, genrm_prompt_tokens=genrm_prompt_tokens,
                               max_prompt_tokens=cfg.rollout.max_model_len - cfg.rollout.max_tokens,
-                              score_scale=cfg.reward.score_scale)
+                              score_scale=cfg.reward.score_scale, genrm_tokenizer=genrm_tokenizer, judge=judge)
     if len(dataset) < cfg.data.prompts_per_step:
         raise ValueError(f"data: {len(dataset)} usable prompts, fewer than data.prompts_per_step = "
                          f"{cfg.data.prompts_per_step} (left out: {dataset.skipped}); raise rollout.max_model_len / "
                          "genrm.max_model_len or fix the data")
     book = RolloutBook(dataset, tokenizer, prompts_per_step=cfg.data.prompts_per_step,
                        group_size=cfg.data.group_size, seed=cfg.run.seed, reward=cfg.reward,
-                       genrm_prompt_tokens=genrm_prompt_tokens, lengths=synthetic_lengths(cfg))
+                       genrm_prompt_tokens=genrm_prompt_tokens, lengths=synthetic_lengths(cfg),
+                       genrm_tokenizer=genrm_tokenizer, judge=judge, reward_function=reward_function)
     kv = {role: _kv_tokens(section, kv_bytes_per_token(path, section.dtype))
           for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
     spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,
