@@ -69,10 +69,13 @@ def run(cfg: PipelineConfig) -> RunResult:
                            f"--nproc_per_node={cfg.cluster.devices_per_node}")
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(1)
+    backends = process_group_backends(cfg)
+    if backends["training"] == "nccl":
+        torch.cuda.set_device(local_rank)  # NCCL's communicators belong to the rank's own device
     init_engine_groups(local_rank)
     training = training_device_ids(cfg)
-    gps_group = dist.new_group(list(range(world)), backend="gloo")
-    training_group = dist.new_group(list(training), backend="gloo")
+    gps_group = dist.new_group(list(range(world)), backend=backends["gps"])
+    training_group = dist.new_group(list(training), backend=backends["training"])
     policy_path, genrm_path = embedded_checkpoints((cfg.models.policy, cfg.models.genrm))
     resumed = _resume_point(cfg, rank)
     gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
@@ -97,6 +100,17 @@ def run(cfg: PipelineConfig) -> RunResult:
     for group in (training_group, gps_group):
         dist.destroy_process_group(group)
     return result
+
+
+def process_group_backends(cfg: PipelineConfig) -> dict[str, str]:
+    """The torch.distributed backend of each process group, on the device its tensors live on: the training
+    group's FSDP2 all-gathers and reduce-scatters move the trainer's tensors (NCCL on ``trainer.device=cuda``,
+    gloo on CPU); GPS keeps every copy in host memory and stages device tensors through it, so its group (the
+    ``torch`` transport's point-to-point sends) is gloo; the default group carries both kinds of collective
+    (``cpu:gloo,cuda:nccl`` on GPUs)."""
+    cuda = cfg.trainer.device.split(":")[0] == "cuda"
+    return {"default": "cpu:gloo,cuda:nccl" if cuda else "gloo", "training": "nccl" if cuda else "gloo",
+            "gps": "gloo"}
 
 
 def training_device_ids(cfg: PipelineConfig) -> tuple[int, ...]:
