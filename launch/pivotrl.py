@@ -27,20 +27,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def init_distributed(timeout: datetime.timedelta) -> None:
-    """The default process group. A job torchrun restarted (``--max-restarts``) rendezvouses under a key
+def init_distributed(timeout: datetime.timedelta, backend: str = "gloo") -> None:
+    """The default process group (``backend``: ``pipeline.process_group_backends``). A job torchrun restarted (``--max-restarts``) rendezvouses under a key
     prefix of its own: the store still holds the keys, and so the addresses, of the ranks that died."""
     import torch.distributed as dist
 
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if restart == 0:
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
         return
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts_store,
                           timeout=timeout)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"pivotrl-restart-{restart}", store), rank=rank,
+    dist.init_process_group(backend, store=dist.PrefixStore(f"pivotrl-restart-{restart}", store), rank=rank,
                             world_size=world, timeout=timeout)
 
 
@@ -57,7 +57,13 @@ def main(argv: list[str]) -> int:
             print(f"pivotrl: bad config: {err}", file=sys.stderr)
         return 2
     from pivotrl.runtime.checkpoint import ResumeError, check_resumable, latest
-    from pivotrl.runtime.pipeline import resume_folder, run, setup_process_env, training_device_ids
+    from pivotrl.runtime.pipeline import (
+        process_group_backends,
+        resume_folder,
+        run,
+        setup_process_env,
+        training_device_ids,
+    )
 
     if rank == 0:  # a resume that cannot work stops the job here, like a bad config
         try:
@@ -75,7 +81,7 @@ def main(argv: list[str]) -> int:
         print("pivotrl: start me with torchrun, e.g. torchrun --standalone --nproc_per_node="
               f"{cfg.cluster.devices_per_node} launch/pivotrl.py", file=sys.stderr)
         return 2
-    init_distributed(datetime.timedelta(seconds=600))
+    init_distributed(datetime.timedelta(seconds=600), process_group_backends(cfg)["default"])
     try:
         result = run(cfg)
     finally:

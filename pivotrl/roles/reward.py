@@ -7,7 +7,12 @@ The GenRM engine may constrain what it writes (vLLM structured outputs, :mod:`pi
 which all parse; in ``free`` mode (and ``regex`` mode, if the pattern does not force a score) a judgement
 may not parse, and then stays an ``Unparsed`` that is counted.
 R_verifiable: the DAPO rule (last 300 characters, last ``Answer:`` line, normalized string match,
-+1 / -1), with math-verify deciding equivalence when the normalized strings differ.
++1 / -1), with math-verify deciding equivalence when the normalized strings differ; or the user's own
+function (``RewardConfig.function``, veRL's ``compute_score(data_source, solution_str, ground_truth,
+extra_info)``, returning a number or a dict with ``score``): a call that raises or returns no finite score
+is a ``RewardFailure``, counted, and drops the sequence (never a zero).
+The GenRM's prompt is ``JudgeTemplate`` (the built-in one, or the user's with ``{question}`` and
+``{response}``), rendered through the GenRM tokenizer's chat template when it has one (``judge_token_ids``).
 
 Invariant: every judgement yields exactly one of ``GenRMScore`` (value in [0, 1]) or ``Unparsed``;
 an unparsed judgement never becomes a number silently: ``RewardStats`` counts it, and
@@ -16,11 +21,17 @@ verifiable reward, and says which in ``Reward.is_genrm_missing``.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import math
 import re
+import string
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 GENRM_TEMPLATE = (  # instructions first: a prompt prefix every judgement shares (prefix caching)
     "You are grading a response to a math problem. Think step by step about whether the reasoning and "
@@ -40,6 +51,10 @@ class RewardConfig:
     tail_chars: int = 300  # characters at the end of a response searched for "Answer:" (DAPO)
     use_math_verify: bool = True  # ask math-verify when the normalized strings differ
     math_verify_timeout_s: int | None = 5  # math-verify's signal-based limit; None (or off the main thread): no limit
+    # R_verifiable: "" = the DAPO rule above; else the user's function, "package.module:compute_score" or
+    # "path/to/file.py:compute_score", called as compute_score(data_source, solution_str, ground_truth,
+    # extra_info) and returning a finite number or a dict with a finite "score"
+    function: str = ""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.score_scale) and self.score_scale > 0):
@@ -76,7 +91,7 @@ class VerifiableResult:
 
     score: float
     extracted: str | None
-    method: Literal["string", "math_verify", "no_answer", "mismatch"]
+    method: Literal["string", "math_verify", "no_answer", "mismatch", "function"]
 
     @property
     def is_correct(self) -> bool:
@@ -84,10 +99,20 @@ class VerifiableResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RewardFailure:
+    """The user's reward function raised or returned no finite score: the sequence has no R_verifiable."""
+
+    reason: str
+
+    score = math.nan
+    is_correct = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reward:
     """R = R_verifiable + R_GenRM of one sequence; ``total`` is None when the sequence is dropped."""
 
-    verifiable: VerifiableResult
+    verifiable: VerifiableResult | RewardFailure
     genrm: GenRMResult
     total: float | None
 
@@ -105,13 +130,19 @@ class RewardStats:
     num_clamped: int = 0
     num_correct: int = 0
     num_dropped: int = 0
+    num_reward_failed: int = 0  # the user's reward function raised or returned no finite score
     sum_total: float = 0.0
     unparsed_tails: list[str] = field(default_factory=list)
+    reward_failures: list[str] = field(default_factory=list)  # a few of their reasons
     max_examples: int = 5
 
     def record(self, reward: Reward) -> None:
         self.num_judged += 1
         self.num_correct += int(reward.verifiable.is_correct)
+        if isinstance(reward.verifiable, RewardFailure):
+            self.num_reward_failed += 1
+            if len(self.reward_failures) < self.max_examples:
+                self.reward_failures.append(reward.verifiable.reason)
         if isinstance(reward.genrm, Unparsed):
             self.num_unparsed += 1
             if len(self.unparsed_tails) < self.max_examples:
@@ -132,15 +163,138 @@ class RewardStats:
         return {
             "num_judged": self.num_judged, "num_parsed": self.num_parsed, "num_unparsed": self.num_unparsed,
             "num_clamped": self.num_clamped, "num_correct": self.num_correct, "num_dropped": self.num_dropped,
+            "num_reward_failed": self.num_reward_failed,
             "mean_total": self.sum_total / kept if kept else float("nan"),
         }
 
 
-def genrm_messages(question: str, response: str, *, scale: float = 10.0) -> list[dict[str, str]]:
+class JudgeTemplate:
+    """The GenRM's prompt: a ``str.format`` template of ``{question}`` and ``{response}`` (both required) and
+    ``{scale}`` (optional: ``score_scale``); ``{{`` and ``}}`` are literal braces. ``load`` takes the text
+    or the path of a file holding it; "" is the built-in ``GENRM_TEMPLATE``."""
+
+    FIELDS = ("question", "response", "scale")
+
+    def __init__(self, text: str, *, source: str = "genrm.prompt_template") -> None:
+        try:
+            parsed = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text) if name is not None]
+        except ValueError as err:
+            raise ValueError(f"{source}: not a valid template ({err}); write literal braces as {{{{ and }}}}") from None
+        for name, spec, conv in parsed:
+            if not name.isidentifier() or spec or conv:
+                shown = name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+                raise ValueError(f"{source}: placeholder {{{shown}}} must be a bare name: {{question}}, {{response}} "
+                                 "or {scale} (literal braces: {{ and }})")
+        names = {name for name, _, _ in parsed}
+        unknown = sorted(names - set(self.FIELDS))
+        if unknown:
+            raise ValueError(f"{source}: unknown placeholders {unknown}; allowed: {{question}}, {{response}}, "
+                             "{scale} (literal braces: {{ and }})")
+        missing = [f for f in ("question", "response") if f not in names]
+        if missing:
+            raise ValueError(f"{source}: must contain {' and '.join('{' + f + '}' for f in missing)} (where the "
+                             "problem and the policy's response go)")
+        self.text = text
+
+    @classmethod
+    def load(cls, spec: str, *, source: str = "genrm.prompt_template") -> JudgeTemplate:
+        if not spec:
+            return cls(GENRM_TEMPLATE, source="the built-in template")
+        path = Path(spec).expanduser()
+        if "{" not in spec and "\n" not in spec:
+            if not path.is_file():
+                raise ValueError(f"{source}: {spec!r} is neither a file nor a template (a template contains "
+                                 "{question} and {response})")
+            try:
+                return cls(path.read_text(encoding="utf-8"), source=f"{source} ({path})")
+            except (OSError, UnicodeDecodeError) as err:
+                raise ValueError(f"{source}: cannot read {str(path)!r}: {err}") from None
+        return cls(spec, source=source)
+
+    def render(self, question: str, response: str, *, scale: float = 10.0) -> str:
+        return self.text.format(question=question, response=response, scale=f"{scale:g}")
+
+
+BUILT_IN_JUDGE = JudgeTemplate(GENRM_TEMPLATE, source="the built-in template")
+
+
+def genrm_messages(question: str, response: str, *, scale: float = 10.0,
+                   template: JudgeTemplate = BUILT_IN_JUDGE) -> list[dict[str, str]]:
     """The GenRM prompt as chat messages: question + response -> reasoning -> ``Score: x/scale``."""
-    scale_text = f"{scale:g}"
-    content = GENRM_TEMPLATE.format(question=question, response=response, scale=scale_text)
-    return [{"role": "user", "content": content}]
+    return [{"role": "user", "content": template.render(question, response, scale=scale)}]
+
+
+def judge_token_ids(messages: list[dict[str, str]], tokenizer: Any) -> list[int]:
+    """The GenRM prompt's token ids: through the tokenizer's chat template when it has one, else the text as
+    is (a base-model GenRM)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode("\n\n".join(m["content"] for m in messages), add_special_tokens=True))
+
+
+ScoreFunction = Callable[[str, str, str, dict[str, Any]], Any]
+
+
+def load_reward_function(spec: str, *, source: str = "reward.function") -> ScoreFunction:
+    """The callable ``spec`` names: ``package.module:name`` (imported) or ``path/to/file.py:name`` (loaded
+    from the file); it must accept ``(data_source, solution_str, ground_truth, extra_info)``. ``ValueError``
+    naming ``source`` otherwise."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise ValueError(f"{source}: must be 'package.module:function' or 'path/to/file.py:function', got {spec!r}")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"{source}: the file {str(path)!r} does not exist")
+        module_name = f"pivotrl_user_reward_{abs(hash(str(path)))}"
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"{source}: cannot load {str(path)!r} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as err:
+            raise ValueError(f"{source}: loading {str(path)!r} raised {type(err).__name__}: {err}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as err:
+            raise ValueError(f"{source}: cannot import {target!r}: {type(err).__name__}: {err}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ValueError(f"{source}: {target!r} has no {name!r}")
+    if not callable(fn):
+        raise ValueError(f"{source}: {target}:{name} is not a function (it is {type(fn).__name__} {fn!r:.40})")
+    try:
+        inspect.signature(fn).bind("source", "solution", "truth", {})
+    except TypeError as err:
+        raise ValueError(f"{source}: {target}:{name} must accept (data_source, solution_str, ground_truth, "
+                         f"extra_info): {err}") from None
+    except ValueError:
+        pass  # a builtin without a signature: called as is
+    return fn
+
+
+def function_reward(fn: ScoreFunction, *, data_source: str, solution_str: str, ground_truth: str,
+                    extra_info: dict[str, Any]) -> VerifiableResult | RewardFailure:
+    """R_verifiable from the user's function; a raise or a return without a finite score is a failure."""
+    try:
+        out = fn(data_source, solution_str, ground_truth, extra_info)
+    except Exception as err:
+        return RewardFailure(reason=f"raised {type(err).__name__}: {str(err)[:200]}")
+    value = out.get("score") if isinstance(out, dict) else out
+    if isinstance(out, dict) and "score" not in out:
+        return RewardFailure(reason=f"returned a dict without 'score' (keys {sorted(map(str, out))[:8]})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        return RewardFailure(reason=f"returned {type(value).__name__} {str(value)[:60]!r}, not a number")
+    try:
+        score = float(value)
+    except (TypeError, ValueError) as err:
+        return RewardFailure(reason=f"returned {str(value)[:60]!r}, not a number: {err}")
+    if not math.isfinite(score):
+        return RewardFailure(reason=f"returned a non-finite score {score}")
+    return VerifiableResult(score=score, extracted=None, method="function")
 
 
 MAX_GRADES_SCALE = 1000  # score_choices: at most this many + 1 grades
@@ -186,10 +340,13 @@ def verifiable_reward(response: str, ground_truth: str, config: RewardConfig) ->
     return VerifiableResult(score=-1.0, extracted=extracted, method="mismatch")
 
 
-def combine_rewards(verifiable: VerifiableResult, genrm: GenRMResult, config: RewardConfig) -> Reward:
-    """R = R_verifiable + R_GenRM (§8.1); an unparsed judgement follows ``config.on_unparsed``."""
-    if isinstance(genrm, GenRMScore):
-        total: float | None = verifiable.score + genrm.value
+def combine_rewards(verifiable: VerifiableResult | RewardFailure, genrm: GenRMResult, config: RewardConfig) -> Reward:
+    """R = R_verifiable + R_GenRM (§8.1); an unparsed judgement follows ``config.on_unparsed``; a failed reward
+    function drops the sequence."""
+    if isinstance(verifiable, RewardFailure):
+        total: float | None = None
+    elif isinstance(genrm, GenRMScore):
+        total = verifiable.score + genrm.value
     elif config.on_unparsed == "verifiable_only":
         total = verifiable.score
     else:
@@ -197,12 +354,17 @@ def combine_rewards(verifiable: VerifiableResult, genrm: GenRMResult, config: Re
     return Reward(verifiable=verifiable, genrm=genrm, total=total)
 
 
-def score_sequence(response: str, ground_truth: str, judgement: str, config: RewardConfig) -> Reward:
-    """Both rewards of one policy response and its GenRM judgement."""
-    return combine_rewards(
-        verifiable_reward(response, ground_truth, config), parse_score(judgement, scale=config.score_scale),
-        config,
-    )
+def score_sequence(response: str, ground_truth: str, judgement: str, config: RewardConfig, *,
+                   function: ScoreFunction | None = None, data_source: str = "",
+                   extra_info: dict[str, Any] | None = None) -> Reward:
+    """Both rewards of one policy response and its GenRM judgement; ``function``: the user's R_verifiable
+    (``load_reward_function(config.function)``) in place of the DAPO rule."""
+    if function is None:
+        verifiable: VerifiableResult | RewardFailure = verifiable_reward(response, ground_truth, config)
+    else:
+        verifiable = function_reward(function, data_source=data_source, solution_str=response,
+                                     ground_truth=ground_truth, extra_info=dict(extra_info or {}))
+    return combine_rewards(verifiable, parse_score(judgement, scale=config.score_scale), config)
 
 
 def _math_verify_equal(ground_truth: str, extracted: str, config: RewardConfig) -> bool:

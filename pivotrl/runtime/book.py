@@ -18,7 +18,18 @@ from typing import Any
 import numpy as np
 
 from pivotrl.roles.data import PromptDataset, PromptRecord, chat_token_ids
-from pivotrl.roles.reward import Reward, RewardConfig, RewardStats, genrm_messages, score_sequence
+from pivotrl.roles.reward import (
+    BUILT_IN_JUDGE,
+    JudgeTemplate,
+    Reward,
+    RewardConfig,
+    RewardFailure,
+    RewardStats,
+    ScoreFunction,
+    genrm_messages,
+    judge_token_ids,
+    score_sequence,
+)
 from pivotrl.sim.workload import LengthDist
 
 __all__ = ["SeqRecord", "RolloutBook", "SyntheticLengths", "fitting_prompts"]
@@ -28,16 +39,18 @@ TOO_LONG_FOR_GENRM = "question: too long for the GenRM prompt (genrm.max_model_l
 
 
 def fitting_prompts(dataset: PromptDataset, tokenizer: Any, *, max_prompt_tokens: int, genrm_prompt_tokens: int,
-                    score_scale: float) -> PromptDataset:
+                    score_scale: float, genrm_tokenizer: Any = None,
+                    judge: JudgeTemplate = BUILT_IN_JUDGE) -> PromptDataset:
     """The prompts a run can use: the chat prompt leaves room for a whole response in the policy's context
     (``max_prompt_tokens``), and the GenRM prompt of the question with an empty response fits the GenRM's
     (``genrm_prompt_tokens``; a long response is cut to fit, the question and instructions never are).
     The others are skipped and counted in ``skipped`` (never cut, which would change the problem)."""
     dataset = dataset.select(lambda r: len(chat_token_ids(r.messages, tokenizer)) <= max_prompt_tokens,
                              TOO_LONG_FOR_POLICY)
-    judge = lambda r: len(chat_token_ids(genrm_messages(r.question, "", scale=score_scale),  # noqa: E731
-                                         tokenizer)) <= genrm_prompt_tokens
-    return dataset.select(judge, TOO_LONG_FOR_GENRM)
+    judge_tok = tokenizer if genrm_tokenizer is None else genrm_tokenizer
+    fits = lambda r: len(judge_token_ids(genrm_messages(r.question, "", scale=score_scale, template=judge),  # noqa: E731
+                                         judge_tok)) <= genrm_prompt_tokens
+    return dataset.select(fits, TOO_LONG_FOR_GENRM)
 
 
 @dataclass(slots=True)
@@ -94,9 +107,14 @@ class RolloutBook:
     """Prompts, responses, judgements and rewards of every step; see the module docstring."""
 
     def __init__(self, dataset: PromptDataset, tokenizer: Any, *, prompts_per_step: int, group_size: int, seed: int,
-                 reward: RewardConfig, genrm_prompt_tokens: int, lengths: SyntheticLengths | None = None) -> None:
+                 reward: RewardConfig, genrm_prompt_tokens: int, lengths: SyntheticLengths | None = None,
+                 genrm_tokenizer: Any = None, judge: JudgeTemplate = BUILT_IN_JUDGE,
+                 reward_function: ScoreFunction | None = None) -> None:
         self.lengths = lengths  # None: natural lengths
-        self.dataset, self.tokenizer = dataset, tokenizer
+        self.dataset, self.tokenizer = dataset, tokenizer  # the policy's
+        self.genrm_tokenizer = tokenizer if genrm_tokenizer is None else genrm_tokenizer
+        self.judge = judge
+        self.reward_function = reward_function  # None: the DAPO rule (RewardConfig.function)
         self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, seed
         self.reward_cfg = reward
         self.genrm_prompt_tokens = genrm_prompt_tokens  # longest GenRM prompt the GenRM engine can take
@@ -148,8 +166,11 @@ class RolloutBook:
         if rec.judgement_ids is not None:
             raise RuntimeError(f"seq {seq_id}: a second judgement")
         rec.judgement_ids = list(token_ids)
-        judgement = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        rec.reward = score_sequence(self._response_text(rec), rec.prompt.ground_truth, judgement, self.reward_cfg)
+        judgement = self.genrm_tokenizer.decode(token_ids, skip_special_tokens=True)
+        rec.reward = score_sequence(self._response_text(rec), rec.prompt.ground_truth, judgement, self.reward_cfg,
+                                    function=self.reward_function, data_source=rec.prompt.data_source,
+                                    extra_info={"prompt_id": rec.prompt.prompt_id, "question": rec.prompt.question,
+                                                "step": rec.step, "seq_id": rec.seq_id, "judgement": judgement})
         step = self.step_rewards[rec.step]
         step.stats.record(rec.reward)
         self.run_rewards.record(rec.reward)
@@ -187,12 +208,14 @@ class RolloutBook:
         totals = rewards.totals
         mean = sum(totals) / len(totals) if totals else None
         std = math.sqrt(sum((t - mean) ** 2 for t in totals) / len(totals)) if totals and mean is not None else None
-        verifiable = [r.reward.verifiable.score for r in recs if r.reward is not None]
+        verifiable = [r.reward.verifiable.score for r in recs
+                      if r.reward is not None and not isinstance(r.reward.verifiable, RewardFailure)]
         return {"reward_mean": mean, "reward_std": std,
                 "verifiable_mean": sum(verifiable) / len(verifiable) if verifiable else None,
                 "accuracy": rewards.stats.num_correct / max(rewards.stats.num_judged, 1),
                 "genrm_parsed": rewards.stats.num_parsed, "genrm_parse_failures": rewards.stats.num_unparsed,
-                "num_dropped": rewards.stats.num_dropped, "version_lag_max": max(lags) if lags else None,
+                "num_dropped": rewards.stats.num_dropped, "reward_function_failures": rewards.stats.num_reward_failed,
+                "reward_function_failure_examples": list(rewards.stats.reward_failures), "version_lag_max": max(lags) if lags else None,
                 "version_lag_mean": sum(lags) / len(lags) if lags else None,
                 "version_lag_counts": {str(lag): lags.count(lag) for lag in sorted(set(lags))},
                 "response_tokens": sum(len(r.response_ids or ()) for r in recs),
@@ -204,12 +227,14 @@ class RolloutBook:
         for seq_id in range(step * self.seqs_per_step, (step + 1) * self.seqs_per_step):
             rec = self.records[seq_id]
             reward = rec.reward
+            failed = reward is not None and isinstance(reward.verifiable, RewardFailure)
             out.append({"step": step, "seq_id": seq_id, "group_id": rec.group_id, "prompt_id": rec.prompt.prompt_id,
                         "prompt_ids": rec.prompt_ids, "response_ids": rec.response_ids,
                         "behaviour_logprobs": rec.response_logprobs, "response_version": rec.response_version,
-                        "response_min_version": rec.response_min_version, "judgement_ids": rec.judgement_ids,
-                        "reward": None if reward is None else reward.total,
-                        "verifiable": None if reward is None else reward.verifiable.score,
+                        "response_min_version": rec.response_min_version, "judge_prompt_ids": rec.judge_prompt_ids,
+                        "judgement_ids": rec.judgement_ids, "reward": None if reward is None else reward.total,
+                        "verifiable": None if reward is None or failed else reward.verifiable.score,
+                        "reward_failure": reward.verifiable.reason if failed else None,
                         "genrm": None if reward is None or reward.is_genrm_missing else reward.genrm.value})
         return out
 
@@ -222,7 +247,8 @@ class RolloutBook:
         text = self._response_text(rec)
         scale = self.reward_cfg.score_scale
         while True:
-            ids = chat_token_ids(genrm_messages(rec.prompt.question, text, scale=scale), self.tokenizer)
+            ids = judge_token_ids(genrm_messages(rec.prompt.question, text, scale=scale, template=self.judge),
+                                  self.genrm_tokenizer)
             if len(ids) <= self.genrm_prompt_tokens or not text:
                 return ids[-self.genrm_prompt_tokens:] if len(ids) > self.genrm_prompt_tokens else ids
             text = text[max(1, len(text) // 4):]

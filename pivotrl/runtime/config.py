@@ -243,6 +243,10 @@ class EngineSection:
     output: Literal["free", "score", "regex"] = "free"  # what every sequence may be (vLLM structured outputs;
     # genrm only, rollout stays free): free text; score: exactly one grade "Score: 0/N" ... "Score: N/N" of
     # N = reward.score_scale (no reasoning); regex: a full match of output_regex
+    # genrm only: the GenRM's prompt, a template with {question} and {response} (and optionally {scale}: the
+    # score scale) or the path of a file holding one, rendered through the GenRM tokenizer's chat template when it
+    # has one; "" = the built-in grading prompt (pivotrl.roles.reward.GENRM_TEMPLATE)
+    prompt_template: str = ""
     output_regex: str = ""  # read only when output = regex: Python re syntax, ASCII classes, e.g. "[^\n]{0,200}\nScore: (10|[0-9])/10"
 
     def __post_init__(self) -> None:
@@ -328,6 +332,7 @@ class PipelineConfig:
         _check_batch(self)
         _check_outputs(self)
         _check_temperature(self)
+        _check_judge(self)
 
     @property
     def num_devices(self) -> int:
@@ -349,6 +354,13 @@ class PipelineConfig:
                     "load_config(..., for_cluster_only=True)")
         for key, engine in (("policy", self.rollout), ("genrm", self.genrm)):
             _check_checkpoint(key, getattr(self.models, key), engine, "rollout" if key == "policy" else "genrm")
+        if self.reward.function:
+            from pivotrl.roles.reward import load_reward_function
+
+            try:
+                load_reward_function(self.reward.function)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if self.data.path is not None:
             load_prompts(self)
         if self.eval.every and self.eval.path is not None:
@@ -464,6 +476,26 @@ def _check_temperature(cfg: PipelineConfig) -> None:
         raise ConfigError(f"trainer.temperature: must equal the rollouts' sampling temperature {sampled_at} "
                           f"(rollout.temperature; 1.0 for greedy rollouts), got {cfg.trainer.temperature}: the "
                           "policy ratio and the behaviour log-probs are taken at that temperature")
+
+
+def _check_judge(cfg: PipelineConfig) -> None:
+    """Only the GenRM has a judge prompt, and its template is valid (a file is read here)."""
+    from pivotrl.roles.reward import JudgeTemplate
+
+    if cfg.rollout.prompt_template:
+        raise ConfigError("rollout.prompt_template: only the GenRM has a prompt template (genrm.prompt_template); "
+                          "the policy's prompts come from the data")
+    try:
+        JudgeTemplate.load(cfg.genrm.prompt_template)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def judge_template(cfg: PipelineConfig) -> Any:
+    """The GenRM prompt of ``cfg`` (``pivotrl.roles.reward.JudgeTemplate``)."""
+    from pivotrl.roles.reward import JudgeTemplate
+
+    return JudgeTemplate.load(cfg.genrm.prompt_template)
 
 
 def _check_outputs(cfg: PipelineConfig) -> None:

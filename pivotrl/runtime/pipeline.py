@@ -69,10 +69,13 @@ def run(cfg: PipelineConfig) -> RunResult:
                            f"--nproc_per_node={cfg.cluster.devices_per_node}")
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(1)
+    backends = process_group_backends(cfg)
+    if backends["training"] == "nccl":
+        torch.cuda.set_device(local_rank)  # NCCL's communicators belong to the rank's own device
     init_engine_groups(local_rank)
     training = training_device_ids(cfg)
-    gps_group = dist.new_group(list(range(world)), backend="gloo")
-    training_group = dist.new_group(list(training), backend="gloo")
+    gps_group = dist.new_group(list(range(world)), backend=backends["gps"])
+    training_group = dist.new_group(list(training), backend=backends["training"])
     policy_path, genrm_path = embedded_checkpoints((cfg.models.policy, cfg.models.genrm))
     resumed = _resume_point(cfg, rank)
     gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
@@ -97,6 +100,17 @@ def run(cfg: PipelineConfig) -> RunResult:
     for group in (training_group, gps_group):
         dist.destroy_process_group(group)
     return result
+
+
+def process_group_backends(cfg: PipelineConfig) -> dict[str, str]:
+    """The torch.distributed backend of each process group, on the device its tensors live on: the training
+    group's FSDP2 all-gathers and reduce-scatters move the trainer's tensors (NCCL on ``trainer.device=cuda``,
+    gloo on CPU); GPS keeps every copy in host memory and stages device tensors through it, so its group (the
+    ``torch`` transport's point-to-point sends) is gloo; the default group carries both kinds of collective
+    (``cpu:gloo,cuda:nccl`` on GPUs)."""
+    cuda = cfg.trainer.device.split(":")[0] == "cuda"
+    return {"default": "cpu:gloo,cuda:nccl" if cuda else "gloo", "training": "nccl" if cuda else "gloo",
+            "gps": "gloo"}
 
 
 def training_device_ids(cfg: PipelineConfig) -> tuple[int, ...]:
@@ -335,22 +349,26 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
     from pivotrl.control import make_deployment
     from pivotrl.roles.tiny import load_tokenizer
     from pivotrl.runtime.book import RolloutBook, fitting_prompts
-    from pivotrl.runtime.config import load_prompts
+    from pivotrl.roles.reward import load_reward_function
+    from pivotrl.runtime.config import judge_template, load_prompts
     from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
     from pivotrl.shifting.adapters import kv_bytes_per_token
 
-    tokenizer = load_tokenizer(policy)
+    tokenizer, genrm_tokenizer = load_tokenizer(policy), load_tokenizer(genrm)
+    judge = judge_template(cfg)
+    reward_function = load_reward_function(cfg.reward.function) if cfg.reward.function else None
     genrm_prompt_tokens = cfg.genrm.max_model_len - cfg.genrm.max_tokens
     dataset = fitting_prompts(load_prompts(cfg), tokenizer, genrm_prompt_tokens=genrm_prompt_tokens,
                               max_prompt_tokens=cfg.rollout.max_model_len - cfg.rollout.max_tokens,
-                              score_scale=cfg.reward.score_scale)
+                              score_scale=cfg.reward.score_scale, genrm_tokenizer=genrm_tokenizer, judge=judge)
     if len(dataset) < cfg.data.prompts_per_step:
         raise ValueError(f"data: {len(dataset)} usable prompts, fewer than data.prompts_per_step = "
                          f"{cfg.data.prompts_per_step} (left out: {dataset.skipped}); raise rollout.max_model_len / "
                          "genrm.max_model_len or fix the data")
     book = RolloutBook(dataset, tokenizer, prompts_per_step=cfg.data.prompts_per_step,
                        group_size=cfg.data.group_size, seed=cfg.run.seed, reward=cfg.reward,
-                       genrm_prompt_tokens=genrm_prompt_tokens, lengths=synthetic_lengths(cfg))
+                       genrm_prompt_tokens=genrm_prompt_tokens, lengths=synthetic_lengths(cfg),
+                       genrm_tokenizer=genrm_tokenizer, judge=judge, reward_function=reward_function)
     kv = {role: _kv_tokens(section, kv_bytes_per_token(path, section.dtype))
           for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
     spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,

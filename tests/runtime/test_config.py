@@ -344,3 +344,14 @@ def test_random_overrides_of_any_key_load_or_raise_config_error(pairs: list[tupl
         load_config(DEFAULT, [f"{key}={value}" for key, value in pairs])
     except ConfigError as err:
         assert str(err)
+
+
+def test_process_groups_live_where_their_tensors_do() -> None:
+    """CPU runs keep gloo everywhere; a CUDA trainer's group is NCCL (FSDP2 collectives of CUDA tensors), the
+    default group carries both, and GPS (host memory) stays on gloo."""
+    from pivotrl.runtime.pipeline import process_group_backends
+
+    assert process_group_backends(load_config(DEFAULT, [])) == {"default": "gloo", "training": "gloo", "gps": "gloo"}
+    for device in ("cuda", "cuda:0"):
+        cfg = load_config(DEFAULT, [f"trainer.device={device}"], for_cluster_only=True)
+        assert process_group_backends(cfg) == {"default": "cpu:gloo,cuda:nccl", "training": "nccl", "gps": "gloo"}

@@ -84,11 +84,29 @@ def test_static_deployment_keeps_the_books(name: str, tmp_path: Path) -> None:
         rows += [{**rows[0], "reward_model": None}, dapo_row("   ", "1", index="empty"),
                  dapo_row("What is " + " + ".join(["1"] * 400) + "?", "400", index="long")]
         extra = [f"data.path={write_rows(tmp_path / 'dapo-math.parquet', rows)}"]
+        # the user's judge prompt and reward function (veRL's signature), which fails on every third sequence
+        (tmp_path / "judge.txt").write_text("JUDGE {scale}\n{question}\n=====\n{response}", encoding="utf-8")
+        (tmp_path / "my_reward.py").write_text(
+            "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+            "    if extra_info['seq_id'] % 3 == 0:\n        raise ValueError('no answer here')\n"
+            "    return {'score': 0.5 if ground_truth in solution_str else 0.25, 'source': data_source}\n")
+        extra += [f"genrm.prompt_template={tmp_path / 'judge.txt'}",
+                  f"reward.function={tmp_path / 'my_reward.py'}:compute_score", "run.write_sequences=true"]
     job = run_job(tmp_path / "runs", SMALL + DEPLOYMENTS[name] + extra)
     check_accounting(job, num_steps=2, staleness=1)
     if extra:  # read as-is, deduplicated
         assert job.summary["dataset"] == {"num_prompts": 6, "num_rows_read": 21, "num_duplicates": 12, "skipped": {
             "prompt or ground truth: null": 1, "prompt: empty text": 1, TOO_LONG_FOR_POLICY: 1}}
+        from pivotrl.roles.tiny import ensure_tiny_checkpoints, load_tokenizer
+
+        genrm_tok = load_tokenizer(ensure_tiny_checkpoints().genrm_path)
+        seqs = [json.loads(line) for line in (Path(job.summary["policy_dir"]).parent / "sequences.jsonl").open()]
+        assert seqs and all("JUDGE 10\n" in genrm_tok.decode(s["judge_prompt_ids"]) for s in seqs)
+        failed = [s for s in seqs if s["seq_id"] % 3 == 0]
+        assert failed and all(s["reward"] is None and "ValueError: no answer here" in s["reward_failure"]
+                              for s in failed)
+        assert all(s["verifiable"] in (0.5, 0.25) and s["reward_failure"] is None for s in seqs if s["seq_id"] % 3)
+        assert sum(r["reward_function_failures"] for r in job.metrics) == len(failed)
 
 
 def test_pivotrl_on_two_nodes_with_an_moe_genrm(tmp_path: Path) -> None:
