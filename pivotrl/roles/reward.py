@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pivotrl.roles.data import chat_token_ids
+
 GENRM_TEMPLATE = (  # instructions first: a prompt prefix every judgement shares (prefix caching)
     "You are grading a response to a math problem. Think step by step about whether the reasoning and "
     "the final answer of the response are correct. Then write the grade on the last line as "
@@ -104,8 +106,7 @@ class RewardFailure:
 
     reason: str
 
-    score = math.nan
-    is_correct = False
+    is_correct = False  # (it has no score: reading one is an AttributeError, never a NaN)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,9 +200,9 @@ class JudgeTemplate:
     @classmethod
     def load(cls, spec: str, *, source: str = "genrm.prompt_template") -> JudgeTemplate:
         if not spec:
-            return cls(GENRM_TEMPLATE, source="the built-in template")
-        path = Path(spec).expanduser()
+            return BUILT_IN_JUDGE
         if "{" not in spec and "\n" not in spec:
+            path = Path(spec).expanduser()
             if not path.is_file():
                 raise ValueError(f"{source}: {spec!r} is neither a file nor a template (a template contains "
                                  "{question} and {response})")
@@ -228,8 +229,7 @@ def judge_token_ids(messages: list[dict[str, str]], tokenizer: Any) -> list[int]
     """The GenRM prompt's token ids: through the tokenizer's chat template when it has one, else the text as
     is (a base-model GenRM)."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return chat_token_ids(messages, tokenizer)
     return list(tokenizer.encode("\n\n".join(m["content"] for m in messages), add_special_tokens=True))
 
 
@@ -283,10 +283,10 @@ def function_reward(fn: ScoreFunction, *, data_source: str, solution_str: str, g
         out = fn(data_source, solution_str, ground_truth, extra_info)
     except Exception as err:
         return RewardFailure(reason=f"raised {type(err).__name__}: {str(err)[:200]}")
-    value = out.get("score") if isinstance(out, dict) else out
     if isinstance(out, dict) and "score" not in out:
         return RewardFailure(reason=f"returned a dict without 'score' (keys {sorted(map(str, out))[:8]})")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    value = out["score"] if isinstance(out, dict) else out
+    if isinstance(value, bool) or not hasattr(value, "__float__"):  # numbers (numpy's too), not bools or text
         return RewardFailure(reason=f"returned {type(value).__name__} {str(value)[:60]!r}, not a number")
     try:
         score = float(value)

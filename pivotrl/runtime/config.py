@@ -491,13 +491,6 @@ def _check_judge(cfg: PipelineConfig) -> None:
         raise ConfigError(str(err)) from None
 
 
-def judge_template(cfg: PipelineConfig) -> Any:
-    """The GenRM prompt of ``cfg`` (``pivotrl.roles.reward.JudgeTemplate``)."""
-    from pivotrl.roles.reward import JudgeTemplate
-
-    return JudgeTemplate.load(cfg.genrm.prompt_template)
-
-
 def _check_outputs(cfg: PipelineConfig) -> None:
     """Only the GenRM's output is constrained; ``score`` needs integer grades that fit in ``genrm.max_tokens``."""
     if cfg.rollout.output != "free":

@@ -102,13 +102,18 @@ def run(cfg: PipelineConfig) -> RunResult:
     return result
 
 
+def trains_on_cuda(cfg: PipelineConfig) -> bool:
+    """``trainer.device`` is a CUDA device ("cuda" or "cuda:N"): GPUs, no CPU pacing, NCCL for training."""
+    return cfg.trainer.device.split(":")[0] == "cuda"
+
+
 def process_group_backends(cfg: PipelineConfig) -> dict[str, str]:
     """The torch.distributed backend of each process group, on the device its tensors live on: the training
     group's FSDP2 all-gathers and reduce-scatters move the trainer's tensors (NCCL on ``trainer.device=cuda``,
     gloo on CPU); GPS keeps every copy in host memory and stages device tensors through it, so its group (the
     ``torch`` transport's point-to-point sends) is gloo; the default group carries both kinds of collective
     (``cpu:gloo,cuda:nccl`` on GPUs)."""
-    cuda = cfg.trainer.device.split(":")[0] == "cuda"
+    cuda = trains_on_cuda(cfg)
     return {"default": "cpu:gloo,cuda:nccl" if cuda else "gloo", "training": "nccl" if cuda else "gloo",
             "gps": "gloo"}
 
@@ -221,7 +226,7 @@ def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, trai
                       trainer=trainer,
                       training_device_ids=training, validation=_validation(cfg, rank, training),
                       fit_cache=_fit_cache(cfg),
-                      device_share=None if cfg.trainer.device == "cuda" else cfg.cluster.pacing_share())
+                      device_share=None if trains_on_cuda(cfg) else cfg.cluster.pacing_share())
 
 
 def _fit_cache(cfg: PipelineConfig) -> str:
@@ -349,13 +354,13 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
     from pivotrl.control import make_deployment
     from pivotrl.roles.tiny import load_tokenizer
     from pivotrl.runtime.book import RolloutBook, fitting_prompts
-    from pivotrl.roles.reward import load_reward_function
-    from pivotrl.runtime.config import judge_template, load_prompts
+    from pivotrl.roles.reward import JudgeTemplate, load_reward_function
+    from pivotrl.runtime.config import load_prompts
     from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
     from pivotrl.shifting.adapters import kv_bytes_per_token
 
     tokenizer, genrm_tokenizer = load_tokenizer(policy), load_tokenizer(genrm)
-    judge = judge_template(cfg)
+    judge = JudgeTemplate.load(cfg.genrm.prompt_template)  # (checked when the config was loaded)
     reward_function = load_reward_function(cfg.reward.function) if cfg.reward.function else None
     genrm_prompt_tokens = cfg.genrm.max_model_len - cfg.genrm.max_tokens
     dataset = fitting_prompts(load_prompts(cfg), tokenizer, genrm_prompt_tokens=genrm_prompt_tokens,
