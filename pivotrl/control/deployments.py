@@ -160,7 +160,7 @@ class Disaggregated(_AsyncTraining):
     def start(self, cp: ControlPlane) -> None:
         cp.start_replicas("rollout", self.rollout, initial=True)
         cp.start_replicas("reward", self.reward, initial=True)
-        cp.clock.call_at(cp.now, cp.release_all)
+        cp.clock.call_at(cp.now, cp.release_when_placed)
 
     def on_published(self, cp: ControlPlane, version: int) -> None:
         cp.release_all()

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Literal
 
 from pivotrl.control.backend import ReplicaBackend, RoleSpec
+from pivotrl.control.events import EventLog
 from pivotrl.scheduler import Abort, Action, ReplicaSpec, ShiftAwareScheduler, ThroughputModel
 from pivotrl.scheduler.queue import WaitingSequence
 from pivotrl.scheduler.scheduler import ReplicaId
@@ -43,8 +44,9 @@ class RoleDriver:
     """Scheduler + replica backends of one inference role."""
 
     def __init__(self, spec: RoleSpec, *, sync: Callable[[], None] = _no_sync,
-                 on_finished: Callable[[str, int], None] | None = None) -> None:
+                 on_finished: Callable[[str, int], None] | None = None, events: EventLog | None = None) -> None:
         self.spec = spec
+        self.events = events if events is not None else EventLog(lambda: 0.0, enabled=False)
         self.role = spec.role
         self.scheduler = ShiftAwareScheduler()
         self.replicas: dict[int, ReplicaBackend] = {}
@@ -91,6 +93,7 @@ class RoleDriver:
             for seq_id in queued:
                 self.scheduler.queue.remove(seq_id)
             raise
+        self.events.emit("submit", role=self.role, seqs=queued)
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -130,7 +133,9 @@ class RoleDriver:
     def finish(self, seq_id: int) -> None:
         """A running sequence completed on its replica; the queue gets the room it frees."""
         with self._operation():
+            where = self.scheduler.where(seq_id) if self.events.enabled else None
             self.scheduler.finish(seq_id)
+            self.events.emit("finish", role=self.role, seq=seq_id, replica=where)
             self._room_freed = True
             if self._on_finished is not None:
                 self._on_finished(self.role, seq_id)
@@ -141,6 +146,7 @@ class RoleDriver:
         last state there."""
         with self._operation():
             out = self.scheduler.cancel(seq_id)
+            self.events.emit("finish", role=self.role, seq=seq_id, replica=out[0])
             self._room_freed = True
         return out
 
@@ -184,9 +190,12 @@ class RoleDriver:
     def apply(self, actions: list[Action]) -> None:
         """Carry scheduler actions out: every Abort (``leave``), then every Dispatch (``join``)."""
         touched: dict[int, ReplicaBackend] = {}
+        emit = self.events.emit
         for act in actions:
             rep = self.replicas[act.replica_id]
             touched[act.replica_id] = rep
+            emit("abort" if isinstance(act, Abort) else "dispatch", role=self.role, seq=act.seq_id,
+                 replica=act.replica_id, generated=act.generated_tokens)
             if isinstance(act, Abort):
                 got = rep.leave(act.seq_id)
                 if got != act.generated_tokens:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pivotrl.control.events import finite
 from pivotrl.planner import Decision, ShiftPlan, WorkloadState, validate_plan
 from pivotrl.planner.state import INFERENCE_ROLES
 
@@ -60,7 +61,14 @@ class PlanExecutor:
             (rid,) = cp.start_replicas(rep.role, [tuple(rep.device_ids)], migrate=decision.migration)
             self._pending.add(rid)
         self._record = _record(cp.now, plan)
+        self._record["id"] = shift_id = len(cp.shifts)
         cp.shifts.append(self._record)
+        chosen = next((c for c in decision.candidates if c.plan == plan), None)
+        cp.events.emit("shift", id=shift_id, up_role=plan.up_role, down=list(plan.down_replica_ids),
+                       up=[[rep.role, list(rep.device_ids)] for rep in plan.up_replicas], training_up=plan.training_up,
+                       penalty=finite(plan.penalty), current_tps=finite(decision.current_throughput),
+                       predicted_tps=None if chosen is None else finite(chosen.throughput),
+                       predicted_benefit=None if chosen is None else finite(chosen.benefit))
         if not self._pending:
             self._idle()
 
@@ -94,6 +102,7 @@ class PlanExecutor:
     def _idle(self) -> None:
         if self._record is not None:
             self._record["done_s"] = self.cp.now
+            self.cp.events.emit("shift_done", id=self._record["id"])
             self._record = None
         self._on_idle()
 

@@ -28,6 +28,7 @@ from typing import Any
 from pivotrl.control.backend import Clock, ClusterBackend, ReplicaBackend
 from pivotrl.control.deployments import Deployment
 from pivotrl.control.driver import DriverError, RoleDriver
+from pivotrl.control.events import EventLog
 from pivotrl.control.ledger import LedgerError, StepLedger
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
 
@@ -43,15 +44,18 @@ class ControlPlane:
     """Ledger + role drivers + deployment over one backend; see the module docstring."""
 
     def __init__(self, *, backend: ClusterBackend, clock: Clock, deployment: Deployment, num_steps: int,
-                 seqs_per_step: int, first_step: int = 0) -> None:
+                 seqs_per_step: int, first_step: int = 0, events: EventLog | None = None) -> None:
         self.backend = backend
         self.clock = clock
         self.deployment = deployment
+        # the run's event record (pivotrl.control.events); the plane, its drivers and executor write it
+        self.events = events if events is not None else EventLog(clock.now)
         # the RL data flow, under the deployment's staleness bound (colocated: 0)
         self.ledger = StepLedger(num_steps=num_steps, seqs_per_step=seqs_per_step,
                                  staleness=deployment.staleness, first_step=first_step)
         self.drivers: dict[InferenceRole, RoleDriver] = {
-            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role)) for role in INFERENCE_ROLES}
+            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role), events=self.events)
+            for role in INFERENCE_ROLES}
         self.step_end_s: list[float] = []
         self.shifts: list[dict[str, Any]] = []  # executed plans
         self.planner_calls: list[tuple[float, float, float]] = []  # (preprocess_s, construct_s, simulate_s)
@@ -61,6 +65,14 @@ class ControlPlane:
         self._up_migrate: dict[int, bool] = {}  # replica id -> migrate when it comes up
         self._starting: dict[InferenceRole, set[int]] = {role: set() for role in INFERENCE_ROLES}
         self._when_up: dict[InferenceRole, list[Callable[[], None]]] = {role: [] for role in INFERENCE_ROLES}
+        self._training_devices: tuple[int, ...] = ()
+        self._training_shift_up = False
+        # device-seconds each role held devices (a replica from up to its shift down; training from its start to
+        # its end): the run's own account, which the event record's replay must reproduce
+        self._held_s: dict[str, float] = {"rollout": 0.0, "reward": 0.0, "training": 0.0}
+        self._holding: dict[int, tuple[str, float, int]] = {}  # replica id -> (role, since, devices)
+        self._training_since: float | None = None
+        self.finished_s: float | None = None  # when the last step's version was published (the run's end)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -79,6 +91,17 @@ class ControlPlane:
         ledger = self.ledger
         return ledger.done and ledger.version >= ledger.num_steps
 
+    def held_device_seconds(self, until: float | None = None) -> dict[str, float]:
+        """Device-seconds each role has held (rollout, reward, training) until ``until`` (default: now; a finished
+        run's account ends at ``finished_s``)."""
+        out = dict(self._held_s)
+        now = self.now if until is None else until
+        for role, since, n in self._holding.values():
+            out[role] += (now - since) * n
+        if self._training_since is not None:
+            out["training"] += (now - self._training_since) * len(self._training_devices)
+        return out
+
     def devices_by_role(self) -> dict[str, int]:
         out = {role: len(d.device_ids()) for role, d in self.drivers.items()}
         out["training"] = self.deployment.training_devices_in_use(self)
@@ -95,6 +118,10 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ run
     def start(self) -> None:
+        ledger = self.ledger
+        self.events.emit("run", deployment=type(self.deployment).__name__, devices=len(self.backend.devices),
+                         num_steps=ledger.num_steps, seqs_per_step=ledger.seqs_per_step,
+                         backend=getattr(self.backend, "kind", "unknown"))
         self.deployment.start(self)
 
     # ------------------------------------------------------------------ commands
@@ -108,10 +135,12 @@ class ControlPlane:
             if ledger.released < ledger.num_steps and self._held_since is None:
                 self._held_since = self.now  # the bound holds the next step back until a version is published
             return False
+        step = ledger.release()
         if self._held_since is not None:
             self.staleness_waits.append((self._held_since, self.now))
+            self.events.emit("staleness_wait", step=step, from_s=self._held_since)
             self._held_since = None
-        step = ledger.release()
+        self.events.emit("released", step=step)
         self.drivers["rollout"].submit(self.backend.rollouts(step))
         self.deployment.on_released(self, step)
         return True
@@ -120,6 +149,13 @@ class ControlPlane:
         while self.release_next():
             pass
 
+    def release_when_placed(self) -> None:
+        """Release the first steps once every replica of the initial placement is up. Real replicas come up one
+        by one: a release before the last is up would put every rollout on the first, whose first engine step
+        (the prefill of them all) holds the ones Alg. 4 then migrates until it ends (the event record of the
+        default job showed 3.3 s of a 25 s run lost that way)."""
+        self.when_up("rollout", lambda: self.when_up("reward", self.release_all))
+
     def start_replicas(self, role: InferenceRole, devices: list[int] | list[tuple[int, ...]], *,
                        min_version: int | None = None, initial: bool = False, migrate: bool = True) -> list[int]:
         """Replicas of ``role`` on ``devices`` (flat, grouped by tp; or explicit groups); returns their ids."""
@@ -127,9 +163,10 @@ class ControlPlane:
         groups = [tuple(g) for g in devices] if devices and isinstance(devices[0], tuple) \
             else group_devices(list(devices), tp)  # type: ignore[arg-type]
         specs = [(self.new_replica_id(), g) for g in groups]
-        for rid, _ in specs:
+        for rid, g in specs:
             self._up_migrate[rid] = migrate
             self._starting[role].add(rid)
+            self.events.emit("replica_start", replica=rid, role=role, devices=list(g), initial=initial)
         self.backend.start_replicas(role, specs, min_version, initial)
         return [rid for rid, _ in specs]
 
@@ -137,6 +174,10 @@ class ControlPlane:
         """Shift replicas down: the scheduler evacuates them (Alg. 3), then the backend stops them."""
         if replica_ids:
             emptied = self.drivers[role].remove_replicas(replica_ids, migrate=migrate)
+            for rep in emptied:
+                self.events.emit("replica_stop", replica=rep.replica_id, role=role, devices=list(rep.device_ids))
+                _, since, n = self._holding.pop(rep.replica_id)
+                self._held_s[role] += (self.now - since) * n
             self.backend.stop_replicas(role, emptied)
 
     def stop_role(self, role: InferenceRole) -> None:
@@ -155,11 +196,13 @@ class ControlPlane:
     def train(self, device_ids: tuple[int, ...], *, shift_up: bool) -> int:
         """Train the next ready step on ``device_ids``; returns the step."""
         step = self.ledger.start_training()
+        self._training_devices, self._training_shift_up = tuple(device_ids), shift_up
         self.backend.start_training(step, tuple(device_ids), shift_up)
         return step
 
     def end_training(self, device_ids: tuple[int, ...], *, shift_down: bool) -> None:
         """Write the newest policy to GPS (and shift training down)."""
+        self.events.emit("gps_write", version=self.ledger.trained, devices=list(device_ids))
         self.backend.end_training(tuple(device_ids), self.ledger.trained, shift_down)
 
     # ------------------------------------------------------------------ events
@@ -170,6 +213,9 @@ class ControlPlane:
                               f"they are not starting (or came twice); starting: {sorted(self._starting[role])}")
         migrate = all(self._up_migrate.pop(rep.replica_id, True) for rep in backends)
         self._starting[role] -= {rep.replica_id for rep in backends}
+        for rep in backends:
+            self.events.emit("replica_up", replica=rep.replica_id, role=role, devices=list(rep.device_ids))
+            self._holding[rep.replica_id] = (role, self.now, len(rep.device_ids))
         self.drivers[role].add_replicas(backends, migrate=migrate)
         self.deployment.on_replicas_up(self, role, [rep.replica_id for rep in backends])
         if not self._starting[role]:
@@ -203,6 +249,9 @@ class ControlPlane:
                 self.deployment.on_drained(self, "reward")
 
     def training_started(self) -> None:
+        self.events.emit("training_start", step=self.ledger.trained, devices=list(self._training_devices),
+                         shift_up=self._training_shift_up)
+        self._training_since = self.now
         self.deployment.on_training_started(self)
 
     def trained(self, step: int) -> None:
@@ -212,13 +261,21 @@ class ControlPlane:
             raise LedgerError(f"trained step {step}, but {running}")
         ledger.finish_training()
         self.step_end_s.append(self.now)
+        self.events.emit("trained", step=step)
+        if self._training_since is not None:
+            self._held_s["training"] += (self.now - self._training_since) * len(self._training_devices)
+            self._training_since = None
         self.deployment.on_trained(self, step)
 
     def training_released(self) -> None:
+        self.events.emit("training_released", devices=list(self._training_devices))
         self.deployment.on_training_released(self)
 
     def published(self, version: int) -> None:
         self.ledger.publish(version)
+        self.events.emit("published", version=version)
+        if self.finished and self.finished_s is None:
+            self.finished_s = self.now
         if self.drivers["rollout"].replicas:
             self.backend.reload_rollout(version)
         self.deployment.on_published(self, version)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotrl.control.config import DeploymentConfig
 from pivotrl.control.deployments import Deployment
+from pivotrl.control.events import finite
 from pivotrl.control.executor import PlanExecutor
 from pivotrl.control.monitor import snapshot
 from pivotrl.planner.state import InferenceRole, WorkloadState
@@ -79,7 +80,7 @@ class Shiftable(Deployment):
             ids = cp.start_replicas("rollout", list(range(ro)), initial=True)
             ids += cp.start_replicas("reward", list(range(ro, ro + rm)), initial=True)
         self._exec.expect(ids)
-        cp.clock.call_at(cp.now, cp.release_all)
+        cp.clock.call_at(cp.now, cp.release_when_placed)
         cp.clock.call_at(cp.now, self._tick, self._gen)
 
     def on_replicas_up(self, cp: ControlPlane, role: InferenceRole, replica_ids: list[int]) -> None:
@@ -160,6 +161,14 @@ class Shiftable(Deployment):
         decision = self.strategy.plan(state)
         self.decisions += 1
         cp.planner_calls.append((decision.preprocess_s, decision.construct_s, decision.simulate_s))
+        if cp.events.enabled:
+            cands = decision.candidates
+            chosen = next((i for i, c in enumerate(cands) if c.plan == decision.plan), None) \
+                if decision.plan is not None else None
+            cp.events.emit("decision", strategy=self.dep.strategy, up_role=decision.up_role,
+                           current_tps=finite(decision.current_throughput),
+                           candidates=[[c.num_up, finite(c.throughput), finite(c.benefit)] for c in cands], chosen=chosen,
+                           planner_s=decision.total_s)
         if decision.plan is not None:
             self._exec.execute(state, decision)
         self._next_tick = cp.now + self.ticks.after(decision.plan is not None)

@@ -156,6 +156,8 @@ class RuntimeReplica:
 class RuntimeCluster:
     """``ClusterBackend`` + message handling; owns the ``ControlPlane`` of the run."""
 
+    kind = "runtime"  # the backend named in the event record
+
     def __init__(self, spec: ControllerSpec, bus: ControlBus, book: RolloutBook, deployment: Deployment, *,
                  num_steps: int, on_step: Callable[[dict[str, Any]], None] = lambda row: None,
                  run_folder: Path | None = None, resumed: Checkpoint | None = None,
@@ -201,6 +203,7 @@ class RuntimeCluster:
         self.beliefs = {role: RoleBelief(spec.belief[role]) for role in INFERENCE_ROLES}
         self.engine_fits: list[dict[str, Any]] = []  # what each EngineFit reported (the run folder's fits.json)
         self.engines_prepared: dict[int, dict[str, Any]] = {}  # device -> its EnginesReady report
+        self.held_device_s: dict[str, float] = {}  # device-seconds each role held, when the run ended
         self.startup_s = 0.0  # seconds from the cluster's creation to the first placement (fits, engine starts)
 
     @property
@@ -365,6 +368,8 @@ class RuntimeCluster:
         with driver.reporting():  # the driver dispatches into the room they free once, after them all
             for fin in msg.finished:
                 self._finished(role, msg.replica_id, fin, msg.version)
+        self.plane.events.emit("tokens", role=role, replica=msg.replica_id, tokens=msg.num_new_tokens,
+                               seconds=msg.latency_s, kv=msg.kv_used_tokens, running=msg.num_running_seqs)
         if rep is not None:
             rep.observe(msg.num_new_tokens, msg.latency_s, msg.num_running_seqs)
             rep.version = msg.version
@@ -423,8 +428,8 @@ class RuntimeCluster:
         rep = self.replicas.get(msg.replica_id)
         if rep is not None:
             rep.version = msg.version
-        self.shift_reports.append({"role": "rollout", "direction": "reload", "device": device, "version": msg.version,
-                                   "seconds": msg.seconds, "time_s": self.clock.now()})
+        self._record_shift(device, {"role": "rollout", "direction": "reload", "version": msg.version,
+                                    "seconds": msg.seconds})
 
     def _on_Trained(self, device: int, msg: m.Trained) -> None:
         self.train_stats[msg.step].append(dict(msg.stats))
@@ -458,7 +463,14 @@ class RuntimeCluster:
         self.cpu_s_by_device[device] = {"user": msg.cpu_user_s, "system": msg.cpu_system_s, "paced": msg.paced_s}
 
     def _record_shift(self, device: int, report: dict[str, Any], **extra: Any) -> None:
-        self.shift_reports.append({**report, "device": device, "time_s": self.clock.now(), **extra})
+        """A worker's report of a shift (or reload) it finished: kept for the metrics, and recorded as a phase that
+        ended when the report arrived."""
+        now = self.clock.now()
+        self.shift_reports.append({**report, "device": device, "time_s": now, **extra})
+        seconds = float(report.get("seconds", 0.0))
+        parts = {k: float(v) for k, v in report.items() if k.endswith("_s") and k != "seconds"}
+        self.plane.events.emit("shift_phase", device=device, role=report["role"], direction=report["direction"],
+                               start_s=now - seconds, seconds=seconds, parts=parts)
 
     # ------------------------------------------------------------------ metrics
     def _emit_step(self, step: int) -> None:
@@ -498,6 +510,7 @@ class RuntimeCluster:
             for device, msg in self.bus.recv(0.05 if wait is None else min(wait, 0.05)):
                 self.handle(device, msg)
         self.plane.check_devices()
+        self.held_device_s = self.plane.held_device_seconds(until=self.plane.finished_s)  # the record's end too
 
     def wait_for(self, what: Callable[[], bool], timeout_s: float, label: str) -> None:
         deadline = time.monotonic() + timeout_s

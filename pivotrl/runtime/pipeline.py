@@ -250,6 +250,7 @@ def _validation(cfg: PipelineConfig, rank: int, training: tuple[int, ...]) -> An
 # ---------------------------------------------------------------------- the controller thread
 def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult,
                 resumed: ResumePoint) -> None:
+    from pivotrl.control.events import EVENTS_FILE
     from pivotrl.runtime import messages as m
     from pivotrl.runtime.checkpoint import truncate_jsonl, write_job_id
     from pivotrl.runtime.metrics import accounting
@@ -281,6 +282,9 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
 
             cluster = build_cluster(cfg, bus, policy, genrm, on_step, run_folder=folder.path,
                                     resumed=resumed.checkpoint)
+            # the event record (pivotrl.control.events); a resumed run writes its own part beside the first
+            cluster.plane.events.stream_to(folder.path / (EVENTS_FILE if first_step == 0 and resumed.folder is None
+                                                          else f"events-from-step-{first_step}.jsonl"))
             cluster.run()
         seconds = cluster.clock.now()
         saved = cluster.save_policy(str(folder.policy_dir), device=training[0])
@@ -324,6 +328,8 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
         time.sleep(_FAILURE_GRACE_S)
         os._exit(1)
     finally:
+        if cluster is not None:
+            cluster.plane.events.close()
         time.sleep(0.2)
         bus.close()
 

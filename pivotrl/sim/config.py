@@ -66,6 +66,7 @@ class SimConfig:
     costs: CostConfig = field(default_factory=CostConfig)
     seed: int = 0
     record_timeline: bool = False  # sample per-role throughput and allocation over time
+    record_events: bool = False  # keep the run's event record (pivotrl.control.events) in the result
     sample_s: float = 10.0  # timeline sampling period of static deployments
     max_time_s: float = 1e7  # give up (raise) if the run has not finished by then
     idle_stall_s: float = 600.0  # raise if nothing ran for this long while work waited (a deadlock)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pivotrl.control.backend import RoleSpec
+from pivotrl.control.events import EventLog
 from pivotrl.control.ledger import StepLedger
 from pivotrl.control.plane import ControlPlane
 from pivotrl.planner.state import DeviceInfo, InferenceRole
@@ -50,6 +51,8 @@ _WATCHDOG_S = 60.0  # period of the idle check
 class Simulator:
     """One run of one deployment on one scenario; ``run()`` returns a ``SimResult``."""
 
+    kind = "sim"  # the backend named in the event record
+
     def __init__(self, cfg: SimConfig, deployment: Any, workload: Workload | None = None) -> None:
         sc = cfg.scenario
         self.cfg = cfg
@@ -64,6 +67,7 @@ class Simulator:
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // per_node) for d in range(sc.num_devices))
         self._free_at: dict[int, float] = {}  # device -> when its last role has shifted down
         self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
+        self.events = EventLog(self.now, enabled=cfg.record_events)
         rng = np.random.default_rng([cfg.seed, 0x5111])
         sigma = cfg.hardware.noise_sigma
         self.roles: dict[str, SimRole] = {}
@@ -74,10 +78,10 @@ class Simulator:
             belief = fit_belief(truth, rng, sigma)
             seed = int(rng.integers(2**63))
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
-                                       schedule=self.schedule, on_finished=self._finished)
+                                       schedule=self.schedule, on_finished=self._finished, events=self.events)
         self.deployment = deployment
         self.plane = ControlPlane(backend=self, clock=self, deployment=deployment, num_steps=wl.num_steps,
-                                  seqs_per_step=wl.seqs_per_step)
+                                  seqs_per_step=wl.seqs_per_step, events=self.events)
         for role, sim_role in self.roles.items():
             sim_role.driver = self.plane.drivers[role]  # type: ignore[index]
         self.timeline: list[TimelinePoint] = []
@@ -185,6 +189,10 @@ class Simulator:
             ready = self._free([d for _, devices in replicas for d in devices])
             if min_version is not None:
                 ready = max(ready, self._publish_at[min_version])
+            model = self.policy if role == "rollout" else self.reward
+            parts = {"gps_read_s": self.costs.read_s(model, self.roles[role].tp),
+                     "engine_start_s": self.costs.cfg.engine_start_s}
+            self._phases(ready, role, "up", [d for _, devices in replicas for d in devices], parts)
             ready += self._up_s(role)
         self.schedule(ready, self._replicas_up, role, replicas)
 
@@ -192,19 +200,29 @@ class Simulator:
         self.plane.replicas_up(role, self.roles[role].start(replicas))
 
     def stop_replicas(self, role: InferenceRole, replicas: list[SimSlot]) -> None:  # type: ignore[override]
-        free = self.roles[role].stop(replicas) + self.costs.inference_down_s()
-        self._free_at.update((d, free) for slot in replicas for d in slot.device_ids)
+        stop = self.roles[role].stop(replicas)
+        devices = [d for slot in replicas for d in slot.device_ids]
+        self._phases(stop, role, "down", devices, {"engine_stop_s": self.costs.inference_down_s()})
+        free = stop + self.costs.inference_down_s()
+        self._free_at.update((d, free) for d in devices)
 
     def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
-        start = self._now
+        start, n = self._now, len(device_ids)
         if shift_up:
-            start = self._free(list(device_ids)) + self.costs.training_up_s(self.policy, len(device_ids))
+            start = self._free(list(device_ids))
+            self._phases(start, "training", "up", list(device_ids),
+                         {"gps_read_s": self.costs.read_s(self.policy, n), "optimizer_s": self.costs.optimizer_s(self.policy, n),
+                          "train_start_s": self.costs.cfg.train_start_s})
+            start += self.costs.training_up_s(self.policy, n)
         end = start + self.costs.training_s(self.policy, self.workload.training_tokens(step), len(device_ids))
         self.schedule(start, self.plane.training_started)
         self.schedule(end, self.plane.trained, step)
 
     def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
         n = len(device_ids)
+        if shift_down:
+            self._phases(self._now, "training", "down", list(device_ids),
+                         {"optimizer_s": self.costs.optimizer_s(self.policy, n), "train_stop_s": self.costs.cfg.train_stop_s})
         free = self._now + (self.costs.training_down_s(self.policy, n) if shift_down else 0.0)
         self._free_at.update((d, free) for d in device_ids)
         self._publish_at[version] = free + self.costs.write_s(self.policy, n)
@@ -212,7 +230,17 @@ class Simulator:
         self.schedule(self._publish_at[version], self.plane.published, version)
 
     def reload_rollout(self, version: int) -> None:
-        self.roles["rollout"].stall_all(self.costs.read_s(self.policy, self.cfg.scenario.policy_tp), self._now)
+        seconds = self.costs.read_s(self.policy, self.cfg.scenario.policy_tp)
+        self._phases(self._now, "rollout", "reload", self.plane.drivers["rollout"].device_ids(), {"gps_read_s": seconds})
+        self.roles["rollout"].stall_all(seconds, self._now)
+
+    def _phases(self, start: float, role: str, direction: str, devices: list[int], parts: dict[str, float]) -> None:
+        """Record a shift's phase on each of ``devices`` from ``start`` (what the cost model charged)."""
+        if self.events.enabled:
+            seconds = sum(parts.values())
+            for d in devices:
+                self.events.emit_at(start + seconds, "shift_phase", device=d, role=role, direction=direction,
+                                    start_s=start, seconds=seconds, parts=dict(parts))
 
     def _free(self, devices: list[int]) -> float:
         return max([self._now, *(self._free_at.get(d, 0.0) for d in devices)])

@@ -52,6 +52,8 @@ class SimResult:
     timeline: tuple[TimelinePoint, ...] = ()
     shifts: tuple[dict[str, Any], ...] = ()
     kv_overflows: int = 0
+    events: tuple[dict[str, Any], ...] = ()  # the event record (``SimConfig.record_events``)
+    held_device_s: dict[str, float] = field(default_factory=dict)  # device-seconds each role held
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -81,6 +83,8 @@ class SimResult:
             timeline=tuple(sim.timeline),
             shifts=tuple(sim.shifts),
             kv_overflows=sum(rt.num_overflows for rt in roles),
+            events=tuple(sim.events.events),
+            held_device_s=sim.plane.held_device_seconds(until=sim.plane.finished_s),
             extra=dict(sim.deployment.describe()),
         )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pivotrl.control.driver import RoleDriver
+from pivotrl.control.events import EventLog
 from pivotrl.scheduler import ShiftAwareScheduler, ThroughputModel
 from pivotrl.sim.replica import EPS_S, SimReplica
 from pivotrl.sim.truth import TrueLatency
@@ -68,8 +69,10 @@ class SimRole:
     """Simulated replicas (truth) of one role; the driver (belief) is attached by the control plane."""
 
     def __init__(self, role: str, tp: int, truth: TrueLatency, belief: ThroughputModel, seed: int, sigma: float,
-                 *, lengths: Lengths, now: Callable[[], float], schedule: Schedule, on_finished: OnFinished) -> None:
+                 *, lengths: Lengths, now: Callable[[], float], schedule: Schedule, on_finished: OnFinished,
+                 events: EventLog | None = None) -> None:
         self.role, self.tp, self.truth, self.belief = role, tp, truth, belief
+        self.events = events if events is not None else EventLog(now, enabled=False)
         self.driver: RoleDriver | None = None
         self.replicas: dict[int, SimReplica] = {}
         self.migrations: list[MigrationRecord] = []
@@ -186,10 +189,17 @@ class SimRole:
 
     def _sync_segments(self, driver: RoleDriver, rep: SimReplica, now: float, to_completion: bool) -> bool:
         any_finished = False
+        events = self.events
         while True:
+            if events.enabled:
+                t0, n0, running = rep.clock, rep.generated_total, rep.num_seqs
             m, finished = rep.sync(now, to_completion)
             if m:
                 driver.advance(rep.replica_id, m)
+                if events.enabled:  # what the engine generated over the segment, and the KV it then held
+                    events.emit_at(rep.clock, "tokens", role=self.role, replica=rep.replica_id,
+                                   tokens=rep.generated_total - n0, seconds=rep.clock - t0, kv=rep.tokens,
+                                   running=running)
             for seq_id in finished:
                 driver.finish(seq_id)
                 self._on_finished(self.role, seq_id, rep.clock)

@@ -1,0 +1,131 @@
+"""The text summary of a run's event record: throughput, where device time went, shifts, the planner.
+
+* tokens/s: tokens the engines reported over the makespan (the last step's end);
+* device time: devices × makespan split into the roles' holding time, shifting and idle (a runtime
+  training slice includes its own shift up, so shifting there counts the inference phases and the
+  training shift down);
+* shifts by phase: count and mean seconds per ``<role> <direction>``, with the parts the backends reported;
+* the planner: per executed shift, the Eq. 1 throughput it predicted against the one before, next to the
+  measured inference tokens/s over equal windows before and after it (until the next shift, at most 30 s);
+* GenRM parse failures and reward-function failures, where the run folder's summary has them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pivotrl.report.books import Books, held_seconds, replay, run_end, run_info, slices
+
+__all__ = ["summarize", "format_summary"]
+
+_WINDOW_S = 30.0
+
+
+def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary as plain data (what ``format_summary`` prints)."""
+    info, books = run_info(events), replay(events)
+    end = run_end(events)
+    n = int(info["devices"])
+    held = held_seconds(slices(events))
+    device_s = n * end
+    held["idle"] = max(device_s - sum(held.values()), 0.0)
+    tokens = sum(books.tokens_by_role.values())
+    width = {e["replica"]: len(e["devices"]) for e in events if e["kind"] == "replica_up"}
+    engine = {"rollout": 0.0, "reward": 0.0}  # device-seconds the engines iterated (the rest of holding: no work)
+    for e in events:
+        if e["kind"] == "tokens":
+            engine[e["role"]] += e["seconds"] * width.get(e["replica"], 1)
+    out: dict[str, Any] = {
+        "deployment": info["deployment"], "backend": info["backend"], "devices": n, "makespan_s": end,
+        "tokens": tokens, "tps": tokens / end if end > 0 else 0.0, "tokens_by_role": dict(books.tokens_by_role),
+        "device_s": device_s, "device_s_by_state": held, "engine_device_s": engine, "steps_trained": len(books.trained_steps),
+        "shift_phases": _phases(events), "shifts": _shifts(events, books, end),
+        "migrations": dict(books.migrations), "aborts": dict(books.aborts),
+        "staleness_wait_s": books.staleness_wait_s,
+        "planner": {"decisions": books.planner_decisions, "seconds": books.planner_s},
+    }
+    if run_summary:
+        rewards = run_summary.get("rewards", {})
+        out["genrm_parse_failures"] = rewards.get("num_unparsed")
+        out["reward_function_failures"] = rewards.get("num_reward_failed")
+    return out
+
+
+def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e["kind"] != "shift_phase":
+            continue
+        entry = out.setdefault(f"{e['role']} {e['direction']}", {"count": 0, "seconds": 0.0, "parts": {}})
+        entry["count"] += 1
+        entry["seconds"] += e["seconds"]
+        for part, s in e["parts"].items():
+            entry["parts"][part] = entry["parts"].get(part, 0.0) + s
+    for entry in out.values():
+        entry["mean_s"] = entry["seconds"] / entry["count"]
+    return dict(sorted(out.items()))
+
+
+def _inference_tokens(events: list[dict[str, Any]], a: float, b: float) -> float:
+    """Tokens reported in [a, b], an engine report's tokens spread over the engine time they took."""
+    total = 0.0
+    for e in events:
+        if e["kind"] != "tokens" or not e["tokens"]:
+            continue
+        lo, hi = e["t"] - e["seconds"], e["t"]
+        if hi <= lo:
+            total += e["tokens"] if a <= hi < b else 0.0
+        else:
+            total += e["tokens"] * max(min(hi, b) - max(lo, a), 0.0) / (hi - lo)
+    return total
+
+
+def _shifts(events: list[dict[str, Any]], books: Books, end: float) -> list[dict[str, Any]]:
+    shifts = [e for e in events if e["kind"] == "shift"]
+    done = {e["id"]: e["t"] for e in events if e["kind"] == "shift_done"}
+    out = []
+    for k, e in enumerate(shifts):
+        t, finished = e["t"], done.get(e["id"], e["t"])
+        following = shifts[k + 1]["t"] if k + 1 < len(shifts) else end
+        w = min(max(following - finished, 0.0), _WINDOW_S)
+        before = _inference_tokens(events, t - w, t) / w if w > 0 else None
+        after = _inference_tokens(events, finished, finished + w) / w if w > 0 else None
+        out.append({"id": e["id"], "t": t, "up_role": e["up_role"], "down": len(e["down"]), "up": len(e["up"]),
+                    "seconds": finished - t, "predicted_tps_before": e["current_tps"],
+                    "predicted_tps_after": e["predicted_tps"], "predicted_benefit": e["predicted_benefit"],
+                    "measured_tps_before": before, "measured_tps_after": after, "window_s": w})
+    return out
+
+
+def _f(x: float | None, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_summary(s: dict[str, Any], max_shifts: int = 20) -> str:
+    lines = [f"{s['deployment']} ({s['backend']}), {s['devices']} devices: {s['tps']:.1f} tok/s, "
+             f"{s['tokens']} tokens in {s['makespan_s']:.1f} s, {s['steps_trained']} steps trained"]
+    lines.append("device time: " + ", ".join(
+        f"{k} {100 * v / s['device_s']:.1f} %" for k, v in s["device_s_by_state"].items()) + f" of {s['device_s']:.0f} "
+        "device-s")
+    lines.append("engines iterating: " + ", ".join(
+        f"{k} {100 * v / s['device_s']:.1f} %" for k, v in s["engine_device_s"].items()) + " (the rest of a role's "
+        "holding time its replicas had no sequence, or waited on a message)")
+    lines.append(f"staleness waits {s['staleness_wait_s']:.1f} s; migrations {s['migrations']}; aborts {s['aborts']}; "
+                 f"planner {s['planner']['decisions']} decisions, {s['planner']['seconds']:.3f} s")
+    if s["shift_phases"]:
+        lines.append("shift phases:")
+        for name, p in s["shift_phases"].items():
+            parts = ", ".join(f"{k} {v / p['count']:.3f}" for k, v in sorted(p["parts"].items()))
+            lines.append(f"  {name:18s} {p['count']:5d} x {p['mean_s']:.3f} s" + (f"  ({parts})" if parts else ""))
+    if s["shifts"]:
+        lines.append(f"planner shifts ({len(s['shifts'])}): predicted Eq. 1 tok/s before -> after | measured "
+                     "inference tok/s before -> after")
+        for r in s["shifts"][:max_shifts]:
+            lines.append(f"  #{r['id']:<3d} t={r['t']:8.1f} {r['up_role']:8s} down {r['down']} up {r['up']}: "
+                         f"{_f(r['predicted_tps_before'])} -> {_f(r['predicted_tps_after'])} | "
+                         f"{_f(r['measured_tps_before'])} -> {_f(r['measured_tps_after'])} (over {r['window_s']:.1f} s)")
+        if len(s["shifts"]) > max_shifts:
+            lines.append(f"  ... {len(s['shifts']) - max_shifts} more")
+    for key in ("genrm_parse_failures", "reward_function_failures"):
+        if s.get(key) is not None:
+            lines.append(f"{key.replace('_', ' ')}: {s[key]}")
+    return "\n".join(lines)
