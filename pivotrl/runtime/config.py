@@ -21,6 +21,7 @@ fault, first where there is one (``data.prompts_per_step: ...``), and says what 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import re
@@ -310,6 +311,34 @@ class GPSSection:
             raise ConfigError(f"transport: must be 'nixl' or 'torch', got {self.transport!r}")
 
 
+WANDB_MODES = ("off", "offline", "online")
+
+
+@dataclass(kw_only=True, slots=True)
+class LoggingConfig:
+    """Metrics where users look, beside ``metrics.jsonl`` (the same scalars, one point per step)."""
+
+    tensorboard: bool = False  # <run folder>/tensorboard through torch.utils.tensorboard (needs ``tensorboard``)
+    wandb: Any = "off"  # off | offline (<run folder>/wandb; `wandb sync` it later) | online (needs a login)
+    wandb_project: str = "pivotrl"
+
+    def __post_init__(self) -> None:
+        if self.wandb is False or self.wandb == "False":  # YAML reads a bare `off` as false
+            self.wandb = "off"
+        if not isinstance(self.tensorboard, bool):
+            raise ConfigError(f"tensorboard: must be true or false, got {self.tensorboard!r}")
+        if self.wandb not in WANDB_MODES:
+            raise ConfigError(f"wandb: must be one of {list(WANDB_MODES)}, got {self.wandb!r}")
+        if not self.wandb_project or not isinstance(self.wandb_project, str):
+            raise ConfigError(f"wandb_project: must be a non-empty name, got {self.wandb_project!r}")
+        for enabled, module, key in ((self.tensorboard, "tensorboard", "tensorboard"),
+                                     (self.wandb != "off", "wandb", "wandb")):
+            if enabled and importlib.util.find_spec(module) is None:
+                raise ConfigError(f"{key}: the {module} package is not installed; pip install {module} "
+                                  f"(or pip install -e '.[logging]'), or set logging.{key}="
+                                  f"{'false' if key == 'tensorboard' else 'off'}")
+
+
 @dataclass(kw_only=True, slots=True)
 class PipelineConfig:
     """The whole pipeline; each field is one YAML section."""
@@ -325,6 +354,7 @@ class PipelineConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gps: GPSSection = field(default_factory=GPSSection)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         _check_tp(self)

@@ -14,6 +14,7 @@ the final barrier) is entered by every rank in the same order.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -270,11 +271,15 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
     result.folder = folder.path
     cluster = None
     started = time.monotonic()
+    from pivotrl.runtime.sinks import MetricSinks
+
+    sinks = MetricSinks(cfg.logging, folder.path, run_name=folder.path.name, config=dataclasses.asdict(cfg))
     try:
         first_step = 0 if resumed.checkpoint is None else resumed.checkpoint.step
         with Progress(cfg.run.num_steps, enabled=cfg.run.progress, num_done=first_step) as progress:
             def on_step(row: dict[str, Any]) -> None:
                 folder.append_metrics(row)
+                sinks.log(row)
                 if cfg.run.write_sequences:
                     folder.append_sequences(cluster.book.step_sequences(row["step"]))
                 progress.step_done(num_tokens=sum(row["tokens_total_by_role"].values()), elapsed_s=row["time_s"],
@@ -328,6 +333,7 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
         time.sleep(_FAILURE_GRACE_S)
         os._exit(1)
     finally:
+        sinks.close()
         if cluster is not None:
             cluster.plane.events.close()
         time.sleep(0.2)

@@ -93,6 +93,19 @@ def _check_accounting(cluster: RuntimeCluster, bus: FakeBus, num_steps: int) -> 
     for driver in cluster.plane.drivers.values():
         assert driver.num_live == 0
         driver.scheduler.check_invariants()
+    if ledger.first_step == 0:  # the event record replays into the same books (a resumed run's covers its part)
+        from pivotrl.control.events import read_events
+        from pivotrl.report import held_seconds, replay, slices
+
+        events = read_events(cluster.plane.events.events)
+        books = replay(events)
+        assert books.rollouts_done == ledger.rollouts_done and books.judged == ledger.judged
+        assert books.trained_steps == list(range(num_steps)) and books.num_shifts == len(cluster.plane.shifts)
+        assert books.tokens_by_role == dict(cluster.tokens_by_role)
+        assert sum(p["count"] for p in books.shift_phases.values()) == len(cluster.shift_reports)
+        held = held_seconds(slices(events))
+        for role in ("rollout", "reward", "training"):
+            assert held[role] == pytest.approx(cluster.held_device_s[role], rel=1e-9, abs=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))

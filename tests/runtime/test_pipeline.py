@@ -51,7 +51,37 @@ def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
     cpu = summary["cpu"]  # every worker process's CPU seconds, from its Bye
     assert len(cpu["by_device"]) >= 2 and all(c["user"] > 0 and c["system"] >= 0 for c in cpu["by_device"].values())
     assert cpu["user_s"] == pytest.approx(sum(c["user"] for c in cpu["by_device"].values()))
+    if summary["resumed_from_step"] is None:
+        check_event_record(summary, num_steps)
     return summary
+
+
+def check_event_record(summary: dict, num_steps: int) -> None:
+    """The run folder's events.jsonl replays into the books the run reported, and reports cleanly."""
+    from pivotrl.control.events import read_events
+    from pivotrl.report import held_seconds, replay, report, slices
+
+    folder = Path(summary["policy_dir"]).parent
+    events = read_events(folder)
+    books = replay(events)
+    assert books.rollouts_done == summary["rollouts_done"] and books.judged == summary["judged"]
+    assert books.trained_steps == list(range(num_steps)) and books.published == list(range(1, num_steps + 1))
+    assert books.num_shifts == summary["num_plans"] and books.tokens_by_role == summary["tokens_by_role"]
+    assert sum(p["count"] for p in books.shift_phases.values()) == summary["num_shift_reports"]
+    held = held_seconds(slices(events))
+    for role in ("rollout", "reward", "training"):
+        assert held[role] == pytest.approx(summary["held_device_s"][role], rel=1e-9, abs=1e-6)
+    out = report(folder)
+    trace = json.loads(Path(out["files"]["trace"]).read_text())
+    spans: dict = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+            spans.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for track in spans.values():
+        track.sort()
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(track, track[1:]))
+    assert Path(out["files"]["timeline"]).stat().st_size > 0 and out["steps_trained"] == num_steps
 
 
 def test_a_rollout_engine_that_holds_a_few_sequences_runs_every_step(tmp_path: Path) -> None:
