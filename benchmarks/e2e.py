@@ -105,8 +105,12 @@ def _label(d) -> str:  # noqa: ANN001 (a DeploymentConfig)
 
 def tuned(args: argparse.Namespace) -> int:
     """Fig. 9 on real engines: every deployment tuned over its allocations, at each device count."""
+    from pivotrl.control.events import read_events
+    from pivotrl.report import summarize
+
     report: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="pivotrl-e2e-tuned-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pivotrl-e2e-tuned-") as tmpdir:
+        tmp = args.keep or tmpdir
         for n in args.devices:
             tps, best, breakdown, tried = {}, {}, {}, {}
             for name, candidates in tuned_candidates(n).items():
@@ -124,7 +128,11 @@ def tuned(args: argparse.Namespace) -> int:
                     if s["tps"] > tps.get(name, 0.0):
                         tps[name], best[name] = s["tps"], label
                         t = s["time_breakdown"]
+                        record = summarize(read_events(job.folder))  # the run's event record (pivotrl.report)
                         breakdown[name] = {**t, "shifts_by_role": s["shifts_by_role"],
+                                           "held_device_s": record["device_s_by_state"],
+                                           "engine_device_s": record["engine_device_s"],
+                                           "run_folder": str(job.folder) if args.keep else None,
                                            "staleness_wait_s": s["staleness_waits"]["seconds"],
                                            "paced_s": s["cpu"].get("paced_s", 0.0),
                                            "startup_s": s.get("startup_s", 0.0),
@@ -134,14 +142,18 @@ def tuned(args: argparse.Namespace) -> int:
             static = max(v for k, v in tps.items() if k != "pivotrl")
             print(f"\n{n} emulated devices, long-tailed workload ({' '.join(LONG_TAIL)}), {args.steps} steps:")
             print(f"{'deployment':<14} {'best':>8} {'tok/s':>8} {'vs best static':>15} {'engine %':>9} {'shift %':>8} "
-                  f"{'train %':>8} {'stale s':>8} {'idle %':>7}")
+                  f"{'train %':>8} {'stale s':>8} {'idle %':>7} {'held RO/RM/TR %':>16}")
             for name, v in tps.items():
                 b = breakdown[name]
                 pct = {k: 100 * b[k] / b["device_s"] for k in ("engine_rollout_s", "engine_reward_s", "shift_s",
                                                                 "train_s", "idle_s")}
+                held = "/".join(f"{100 * b['held_device_s'][r] / b['device_s']:.0f}" for r in ("rollout", "reward",
+                                                                                                 "training"))
                 print(f"{name:<14} {best[name]:>8} {v:>8.1f} {v / static:>15.2f} "
                       f"{pct['engine_rollout_s'] + pct['engine_reward_s']:>9.1f} {pct['shift_s']:>8.1f} "
-                      f"{pct['train_s']:>8.1f} {b['staleness_wait_s']:>8.1f} {pct['idle_s']:>7.1f}")
+                      f"{pct['train_s']:>8.1f} {b['staleness_wait_s']:>8.1f} {pct['idle_s']:>7.1f} {held:>16}")
+            print("held = device time each role held its devices (the event record; the rest of a held share is a "
+                  "replica without work); engine % = device time in engine iterations")
     if args.json:
         print(json.dumps({"devices": report}))
     return 0
@@ -159,6 +171,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tuned", action="store_true", help="Fig. 9 on real engines: every allocation of every "
                         "deployment on the long-tailed workload, at each of --devices emulated devices")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--keep", default=None, help="--tuned: keep every run folder under this folder (each has "
+                        "events.jsonl: python -m pivotrl.report RUN_FOLDER draws its timeline and trace)")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = parser.parse_args(argv)
     if args.tuned:

@@ -17,7 +17,8 @@ Every record is a flat JSON object ``{"t": seconds since the run's start, "kind"
 * ``replica_start``  replica, role, devices, initial;  ``replica_up`` replica, role, devices
 * ``replica_stop``   replica, role, devices (the shift down is commanded; its phases follow)
 * ``decision``       strategy, up_role, current_tps, candidates ([num_up, tps, benefit] each), chosen
-  (the candidate's index, or null), planner_s
+  (the candidate's index, or null), planner_s, beliefs (per role: the throughput model A, B, C, D and
+  τ_shift the planner used)
 * ``shift``          id, up_role, down (replica ids), up ([role, devices] each), training_up, penalty,
   current_tps, predicted_tps, predicted_benefit; ``shift_done`` id
 * ``shift_phase``    device, role, direction (``up`` | ``down`` | ``reload``), start_s, seconds, parts
@@ -54,7 +55,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "replica_start": ("replica", "role", "devices", "initial"),
     "replica_up": ("replica", "role", "devices"),
     "replica_stop": ("replica", "role", "devices"),
-    "decision": ("strategy", "up_role", "current_tps", "candidates", "chosen", "planner_s"),
+    "decision": ("strategy", "up_role", "current_tps", "candidates", "chosen", "planner_s", "beliefs"),
     "shift": ("id", "up_role", "down", "up", "training_up", "penalty", "current_tps", "predicted_tps",
               "predicted_benefit"),
     "shift_done": ("id",),

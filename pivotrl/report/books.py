@@ -39,6 +39,7 @@ class Books:
     dispatches: dict[str, int]
     aborts: dict[str, int]
     migrations: dict[str, int]  # dispatches of a sequence that had generated tokens elsewhere
+    migration_wait_s: dict[str, float]  # summed over them: from the abort to the dispatch that resumed it
     staleness_wait_s: float
     planner_decisions: int
     planner_s: float
@@ -66,11 +67,11 @@ def replay(events: list[dict[str, Any]]) -> Books:
     n, per = int(info["num_steps"]), int(info["seqs_per_step"])
     done = {"rollout": [0] * n, "reward": [0] * n}
     counts = {k: {"rollout": 0, "reward": 0} for k in ("tokens", "dispatch", "abort", "migration")}
-    aborted: set[tuple[str, int]] = set()
+    aborted: dict[tuple[str, int], float] = {}  # (role, seq) -> when its latest abort happened
     books = Books(num_steps=n, seqs_per_step=per, rollouts_done=done["rollout"], judged=done["reward"],
                   trained_steps=[], step_end_s=[], published=[], released=[], num_shifts=0,
                   tokens_by_role=counts["tokens"], dispatches=counts["dispatch"], aborts=counts["abort"],
-                  migrations=counts["migration"], staleness_wait_s=0.0, planner_decisions=0, planner_s=0.0)
+                  migrations=counts["migration"], migration_wait_s={"rollout": 0.0, "reward": 0.0}, staleness_wait_s=0.0, planner_decisions=0, planner_s=0.0)
     for e in events:
         kind = e["kind"]
         if kind == "finish":
@@ -79,11 +80,13 @@ def replay(events: list[dict[str, Any]]) -> Books:
             counts["tokens"][e["role"]] += int(e["tokens"])
         elif kind == "dispatch":
             counts["dispatch"][e["role"]] += 1
-            if (e["role"], e["seq"]) in aborted and e["generated"] > 0:
+            since = aborted.pop((e["role"], e["seq"]), None)
+            if since is not None and e["generated"] > 0:
                 counts["migration"][e["role"]] += 1
+                books.migration_wait_s[e["role"]] += e["t"] - since
         elif kind == "abort":
             counts["abort"][e["role"]] += 1
-            aborted.add((e["role"], e["seq"]))
+            aborted[(e["role"], e["seq"])] = e["t"]
         elif kind == "trained":
             books.trained_steps.append(e["step"])
             books.step_end_s.append(e["t"])

@@ -40,6 +40,8 @@ def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None =
         "device_s": device_s, "device_s_by_state": held, "engine_device_s": engine, "steps_trained": len(books.trained_steps),
         "shift_phases": _phases(events), "shifts": _shifts(events, books, end),
         "migrations": dict(books.migrations), "aborts": dict(books.aborts),
+        "migration_wait_s": {r: books.migration_wait_s[r] / n_m if (n_m := books.migrations[r]) else None
+                             for r in books.migrations},
         "staleness_wait_s": books.staleness_wait_s,
         "planner": {"decisions": books.planner_decisions, "seconds": books.planner_s},
     }
@@ -109,7 +111,9 @@ def format_summary(s: dict[str, Any], max_shifts: int = 20) -> str:
     lines.append("engines iterating: " + ", ".join(
         f"{k} {100 * v / s['device_s']:.1f} %" for k, v in s["engine_device_s"].items()) + " (the rest of a role's "
         "holding time its replicas had no sequence, or waited on a message)")
-    lines.append(f"staleness waits {s['staleness_wait_s']:.1f} s; migrations {s['migrations']}; aborts {s['aborts']}; "
+    waits = ", ".join(f"{r} {_f(w, '.3f')} s" for r, w in s["migration_wait_s"].items())
+    lines.append(f"migrations {s['migrations']} (mean abort -> resume: {waits}); aborts {s['aborts']}")
+    lines.append(f"staleness waits {s['staleness_wait_s']:.1f} s; "
                  f"planner {s['planner']['decisions']} decisions, {s['planner']['seconds']:.3f} s")
     if s["shift_phases"]:
         lines.append("shift phases:")

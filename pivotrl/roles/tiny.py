@@ -25,6 +25,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,12 +153,21 @@ def build_once(final: Path, build: Callable[[Path], None], spec: dict[str, Any])
     """``final``, built unless complete: ``build(tmp)`` fills a temporary sibling folder, ``spec`` is written
     as its completion mark, then it is renamed into place (module invariant)."""
     if not (final / _COMPLETE_MARK).exists():
+        from pivotrl.console import say as _say
+
+        def say(line: str) -> None:  # once per machine, not once per torchrun rank
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                _say(line)
+
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        say(f"pivotrl: building {final.name} (first use; kept in {final.parent}) ...")
+        t0 = time.perf_counter()
         try:
             build(tmp)
             (tmp / _COMPLETE_MARK).write_text(json.dumps(spec, indent=1))
             _publish(tmp, final)
+            say(f"pivotrl: built {final.name} in {time.perf_counter() - t0:.0f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final

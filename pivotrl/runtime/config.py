@@ -82,8 +82,16 @@ class RunConfig:
     # releases it (vLLM sleep mode on GPUs, in place on CPU), so no shift pays an engine start; the run's time
     # and tokens/s count from the first placement, the start-up is reported as startup_s
     prepare_engines: bool = True
+    # quiet: the console shows the run folder, one line per step and the closing line; vLLM, NIXL, torch and
+    # transformers output goes to <run folder>/logs/rank-<r>.log. info: that output on the console too; debug: and
+    # vLLM's debug log (pivotrl/console.py)
+    log_level: str = "quiet"
 
     def __post_init__(self) -> None:
+        from pivotrl.console import LOG_LEVELS
+
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level: must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         if not _NAME_RE.fullmatch(self.name):
             raise ConfigError(f"name: must match {_NAME_RE.pattern} (a folder name), got {self.name!r}")
         if not self.out_dir:

@@ -27,6 +27,18 @@ class Job:
     output: str
     folder: Path | None
 
+    def logs(self, tail_chars: int = 3000) -> str:
+        """The end of each rank's library log (``<run folder>/logs/rank-<r>.log``; ``run.log_level=quiet``)."""
+        if self.folder is None:
+            return ""
+        parts = [f"--- {p.name}\n{p.read_text(errors='replace')[-tail_chars:]}"
+                 for p in sorted((self.folder / "logs").glob("rank-*.log"))]
+        return "\n".join(parts)
+
+    def explain(self) -> str:
+        """The console's end and the ranks' logs: what a failed job left to read."""
+        return f"{self.output[-4000:]}\n{self.logs()}"
+
     @property
     def summary(self) -> dict[str, Any]:
         assert self.folder is not None, self.output[-4000:]

@@ -58,16 +58,24 @@ def run(cfg: PipelineConfig) -> RunResult:
     import torch
     import torch.distributed as dist
 
-    from pivotrl.roles.engine import init_engine_groups
-    from pivotrl.runtime.bus import ControllerBus, WorkerBus, exchange_address
-    from pivotrl.runtime.worker import Worker
-
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", rank % cfg.cluster.devices_per_node))
     if world != cfg.num_devices:
         raise RuntimeError(f"cluster: WORLD_SIZE is {world} but cluster.num_nodes x cluster.devices_per_node = "
                            f"{cfg.num_devices}; start torchrun with --nnodes={cfg.cluster.num_nodes} "
                            f"--nproc_per_node={cfg.cluster.devices_per_node}")
+    resumed = _resume_point(cfg, rank)
+    folder = _run_folder(cfg, rank, resumed)  # before the libraries start: their output goes to its logs/
+    if cfg.run.log_level == "quiet":
+        from pivotrl.console import send_output_to
+
+        send_output_to(folder / "logs" / f"rank-{rank}.log")
+    elif cfg.run.log_level == "debug":
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
+    from pivotrl.roles.engine import init_engine_groups
+    from pivotrl.runtime.bus import ControllerBus, WorkerBus, exchange_address
+    from pivotrl.runtime.worker import Worker
+
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(1)
     backends = process_group_backends(cfg)
@@ -78,7 +86,6 @@ def run(cfg: PipelineConfig) -> RunResult:
     gps_group = dist.new_group(list(range(world)), backend=backends["gps"])
     training_group = dist.new_group(list(training), backend=backends["training"])
     policy_path, genrm_path = embedded_checkpoints((cfg.models.policy, cfg.models.genrm))
-    resumed = _resume_point(cfg, rank)
     gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
     result = RunResult()
     thread, box = None, {}
@@ -86,7 +93,7 @@ def run(cfg: PipelineConfig) -> RunResult:
         bus = ControllerBus()
         box["address"] = bus.address
         thread = threading.Thread(target=_controller, args=(cfg, bus, policy_path, genrm_path, training, result,
-                                                            resumed), name="pivotrl-controller", daemon=True)
+                                                            resumed, folder), name="pivotrl-controller", daemon=True)
     address = exchange_address(box.get("address"))
     if thread is not None:
         thread.start()
@@ -143,6 +150,33 @@ def resume_folder(cfg: PipelineConfig) -> Path | None:
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return find_job_folder(cfg.run.out_dir, cfg.run.name, os.environ.get("TORCHELASTIC_RUN_ID", ""))
     return None
+
+
+def _run_folder(cfg: PipelineConfig, rank: int, resumed: ResumePoint) -> Path:
+    """Collective: rank 0 creates the run folder (or continues the resumed one: rows of steps after its checkpoint
+    are written again), every rank gets its path."""
+    from pivotrl.collectives import broadcast_json
+    from pivotrl.console import say
+    from pivotrl.runtime.checkpoint import truncate_jsonl, write_job_id
+    from pivotrl.runtime.runfolder import RunFolder
+
+    path = None
+    if rank == 0:
+        if resumed.folder is None:
+            folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
+            write_job_id(folder.path, os.environ.get("TORCHELASTIC_RUN_ID", ""))
+            say(f"pivotrl: run folder {folder.path}" + (" (library output: logs/rank-*.log)"
+                                                         if cfg.run.log_level == "quiet" else ""))
+        else:
+            folder = RunFolder(resumed.folder)
+            first = 0 if resumed.checkpoint is None else resumed.checkpoint.step
+            for jsonl in (folder.metrics_path, folder.sequences_path):
+                truncate_jsonl(jsonl, first)
+            folder.write_config(cfg.to_yaml())
+            say(f"pivotrl: resuming {folder.path} at step {first}"
+                + ("" if resumed.checkpoint is None else f" (checkpoint {resumed.checkpoint.path.name})"))
+        path = str(folder.path)
+    return Path(broadcast_json(path, src=0))
 
 
 def _resume_point(cfg: PipelineConfig, rank: int) -> ResumePoint:
@@ -250,24 +284,14 @@ def _validation(cfg: PipelineConfig, rank: int, training: tuple[int, ...]) -> An
 
 # ---------------------------------------------------------------------- the controller thread
 def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, training: tuple[int, ...], result: RunResult,
-                resumed: ResumePoint) -> None:
+                resumed: ResumePoint, folder_path: Path) -> None:
+    from pivotrl.console import console, say
     from pivotrl.control.events import EVENTS_FILE
     from pivotrl.runtime import messages as m
-    from pivotrl.runtime.checkpoint import truncate_jsonl, write_job_id
     from pivotrl.runtime.metrics import accounting
     from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line, write_atomic
 
-    if resumed.folder is None:
-        folder = RunFolder.create(cfg.run.out_dir, cfg.run.name, config_yaml=cfg.to_yaml())
-        write_job_id(folder.path, os.environ.get("TORCHELASTIC_RUN_ID", ""))
-    else:  # continue the run folder: rows of steps after the checkpoint are written again
-        folder = RunFolder(resumed.folder)
-        first = 0 if resumed.checkpoint is None else resumed.checkpoint.step
-        for path in (folder.metrics_path, folder.sequences_path):
-            truncate_jsonl(path, first)
-        folder.write_config(cfg.to_yaml())
-        print(f"pivotrl: resuming {folder.path} at step {first}"
-              + ("" if resumed.checkpoint is None else f" (checkpoint {resumed.checkpoint.path.name})"), flush=True)
+    folder = RunFolder(folder_path)
     result.folder = folder.path
     cluster = None
     started = time.monotonic()
@@ -276,7 +300,7 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
     sinks = MetricSinks(cfg.logging, folder.path, run_name=folder.path.name, config=dataclasses.asdict(cfg))
     try:
         first_step = 0 if resumed.checkpoint is None else resumed.checkpoint.step
-        with Progress(cfg.run.num_steps, enabled=cfg.run.progress, num_done=first_step) as progress:
+        with Progress(cfg.run.num_steps, enabled=cfg.run.progress, num_done=first_step, stream=console()) as progress:
             def on_step(row: dict[str, Any]) -> None:
                 folder.append_metrics(row)
                 sinks.log(row)
@@ -314,15 +338,15 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
             {"engine_fits": [_with_residuals(fit) for fit in cluster.engine_fits],
              "beliefs": {role: {**b.report(), "samples": [s.row() for s in b.all_samples]}
                          for role, b in cluster.beliefs.items()}}, indent=1) + "\n")
-        print(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)), flush=True)
+        say(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)))
         cluster.shutdown()
         result.summary["cpu"] = cpu_summary(cluster.cpu_s_by_device)  # from the workers' Bye: known only now
         folder.write_summary(result.summary)
     except BaseException as err:  # noqa: BLE001 (any failure must stop the workers)
         result.error = f"{type(err).__name__}: {err}"
         (folder.path / "error.txt").write_text(traceback.format_exc())
-        print(f"pivotrl: run failed after {time.monotonic() - started:.1f} s: {result.error} "
-              f"(details in {folder.path / 'error.txt'})", flush=True)
+        say(f"pivotrl: run failed after {time.monotonic() - started:.1f} s: {result.error} "
+            f"(details in {folder.path / 'error.txt'})")
         for d in range(cfg.num_devices):
             try:
                 bus.send(d, m.Shutdown())

@@ -476,7 +476,7 @@ class Worker:
         ids = self.spec.training_device_ids
         group = self.training_group if len(ids) > 1 else None
         trainer = GRPOTrainer.from_pretrained(self.spec.policy_path, self.spec.trainer, process_group=group)
-        trainer.after_micro_step = self.pacer.pace  # an emulated device paces every forward / backward pass
+        trainer.after_micro_step = self._between_micro_steps
         if self.spec.trainer_state is not None:  # resumed: the parameters come from GPS at shift up
             from pivotrl.runtime.checkpoint import load_trainer_state
 
@@ -485,6 +485,14 @@ class Worker:
             torch.set_rng_state(state["torch_rng"])
         return TrainingRole(trainer, model="policy", devices=ids, local_device=self.device,
                             parallelism=trainer.parallelism)
+
+    def _between_micro_steps(self) -> None:
+        """After every forward / backward pass of a training step: pace the emulated device, and report a background
+        GPS Write that finished meanwhile. A step is long; the Write of the version before it usually ends inside
+        it, and the next step's rollouts wait for that version to be published (the staleness bound): reported only
+        after the step, the event record showed every publication a whole training step late."""
+        self.pacer.pace()
+        self._poll_writes()
 
     def _gps_write(self, msg: GpsWrite) -> None:
         """Every rank calls the collective Write, in the order the GpsWrite messages arrive."""

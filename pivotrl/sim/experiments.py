@@ -106,7 +106,7 @@ def fig10(args: argparse.Namespace) -> dict[str, Any]:
                      (disagg, _base("disaggregated", rollout_devices=disagg.extra["rollout"],
                                     reward_devices=disagg.extra["reward"], training_devices=disagg.extra["training"]))):
         runs.append(simulate(SimConfig(scenario=sc, deployment=dep, seed=args.seed, record_timeline=True,
-                                       sample_s=2.0), workload=wl))
+                                       sample_s=2.0, record_events=True), workload=wl))
     changes, last = [], None
     for p in runs[0].timeline:
         alloc = (p.devices["rollout"], p.devices["reward"], p.devices["training"])
@@ -116,7 +116,12 @@ def fig10(args: argparse.Namespace) -> dict[str, Any]:
     _table(["t (s)", "RO", "RM", "TR", "rollout tok/s", "reward tok/s", "overall"], changes)
     print(f"pivotrl {runs[0].tps:.0f} tok/s ({runs[0].makespan_s:.0f} s) vs disaggregated {runs[1].tps:.0f} tok/s "
           f"({runs[1].makespan_s:.0f} s): x{runs[0].tps / runs[1].tps:.2f}")
-    plots.timeline(runs, args.out / "fig10.png", f"Fig. 10 (simulated): {sc.name}")
+    # drawn by the code that draws a real run's timeline (pivotrl.report), from the same event record
+    from pivotrl.control.events import read_events
+    from pivotrl.report import plot_timelines, timeline_series
+
+    plot_timelines([(f"{r.deployment} ({_alloc(r)}): {r.tps:,.0f} tok/s", timeline_series(read_events(r.events)))
+                    for r in runs], args.out / "fig10.png", f"Fig. 10 (simulated): {sc.name}")
     return {"allocation_changes": changes, "tps": {r.deployment: r.tps for r in runs}}
 
 

@@ -1,4 +1,4 @@
-"""PNG figures of the experiments (paper Fig. 9, 10, 11, 14 and Tables 2, 3 as bar charts).
+"""PNG figures of the experiments (paper Fig. 9, 11, 14 and Tables 2, 3 as bar charts).
 
 matplotlib is imported inside each function (Agg backend), so the simulator core stays importable
 without it. Every function takes plain data and a path and returns the path it wrote.
@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from pivotrl.sim.results import SimResult
 
-__all__ = ["bars", "timeline", "sweep"]
+__all__ = ["bars", "sweep"]
 
 
 def _pyplot() -> Any:
@@ -40,31 +39,6 @@ def bars(groups: Sequence[str], series: dict[str, Sequence[float]], path: Path, 
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def timeline(results: Sequence[SimResult], path: Path, title: str) -> Path:
-    """Fig. 10: rollout, reward and Eq. 1 overall throughput over time, plus the allocation of the first run."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
-    for res in results:
-        t = [p.time_s for p in res.timeline]
-        axes[0].plot(t, [p.rollout_tps for p in res.timeline], label=res.deployment, lw=0.9)
-        axes[1].plot(t, [p.reward_tps for p in res.timeline], lw=0.9)
-        axes[2].plot(t, [p.overall_tps for p in res.timeline], lw=0.9)
-    first = results[0]
-    t = [p.time_s for p in first.timeline]
-    for role in ("rollout", "reward", "training"):
-        axes[3].step(t, [p.devices.get(role, 0) for p in first.timeline], where="post", label=role, lw=0.9)
-    for ax, label in zip(axes, ("rollout tok/s", "reward tok/s", "overall (Eq. 1)", f"{first.deployment} devices")):
-        ax.set_ylabel(label, fontsize=8)
-    axes[0].legend(fontsize=7)
-    axes[3].legend(fontsize=7)
-    axes[3].set_xlabel("simulated time (s)")
-    axes[0].set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -35,6 +35,8 @@ def replicas(make_replica) -> tuple[EngineReplica, EngineReplica]:
 @pytest.fixture(scope="module")
 def reference(replicas: tuple[EngineReplica, EngineReplica]) -> dict[int, FinishedSequence]:
     a, _ = replicas
+    for r in replicas:  # a started engine has run its warm-up generation and kept nothing of it
+        assert r.num_seqs == 0 and not r.has_unfinished() and r.seq_ids() == [] and r.kv_used_tokens == 0
     for seq_id, prompt in PROMPTS.items():
         a.add(seq_id, prompt, sampling=sampling(seq_id))
     done = drain(a)

@@ -29,7 +29,7 @@ DEPLOYMENTS = {  # colocated's books are checked by test_shifting_does_not_chang
 
 
 def check_accounting(job: Job, *, num_steps: int, staleness: int) -> dict:
-    assert job.returncode == 0, job.output[-6000:]
+    assert job.returncode == 0, job.explain()
     summary, rows = job.summary, job.metrics
     seqs = summary["rollouts_done"][0]
     assert seqs > 0 and summary["rollouts_done"] == summary["judged"] == [seqs] * num_steps

@@ -133,6 +133,13 @@ def test_reward_and_training_shifts(job) -> None:
     assert result["training_down"] == [[], []]
 
 
+def test_a_write_is_reported_inside_the_training_step_after_it(job) -> None:
+    """The next step's rollouts wait for the version a Write publishes; a device reports it as soon as it is done,
+    not once the training step that followed it ends."""
+    result, _ = job
+    assert result["write_during_training"] == {"0": ["Written", "Trained"], "1": ["Written", "Trained"]}
+
+
 def test_write_reload_and_saved_policy_agree(job) -> None:
     from safetensors.torch import load_file
 

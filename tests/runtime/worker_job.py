@@ -242,6 +242,29 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     res["saved"] = {"path": saved.path, "version": saved.version}
     bus.send(0, StopReplica(replica_id=4))
     box.take(0, ReplicaDown)
+
+    # 7. the next version is written while the step after it trains: each device reports the write as soon as it
+    # is done, inside that step, not after it (the next rollouts wait for that version)
+    def train(step: int) -> None:
+        for device in (0, 1):
+            share = [s for s in prompts if group_of[s] == device]
+            bus.send(device, Train(step=step, prompt_ids=[prompts[s] for s in share],
+                                   response_ids=[uninterrupted[s] for s in share],
+                                   group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
+                                   behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
+                                   validate_after=False))
+
+    train(1)
+    for device in (0, 1):
+        box.take(device, Trained)
+        bus.send(device, GpsWrite(version=2))
+    train(2)
+    order: dict[int, list[str]] = {0: [], 1: []}
+    for device in (0, 1):
+        while len(order[device]) < 2:
+            got = box.take(device, (Written, Trained))  # the first of either, in arrival order
+            order[device].append(got.kind)
+    res["write_during_training"] = order
     for device in (0, 1):
         bus.send(device, Shutdown())
     res["bye"] = [box.take(d, Bye).device for d in (0, 1)]
