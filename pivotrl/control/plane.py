@@ -137,8 +137,9 @@ class ControlPlane:
             return False
         step = ledger.release()
         if self._held_since is not None:
-            self.staleness_waits.append((self._held_since, self.now))
-            self.events.emit("staleness_wait", step=step, from_s=self._held_since)
+            now = self.now
+            self.staleness_waits.append((self._held_since, now))
+            self.events.emit_at(now, "staleness_wait", step=step, from_s=self._held_since)
             self._held_since = None
         self.events.emit("released", step=step)
         self.drivers["rollout"].submit(self.backend.rollouts(step))
@@ -175,9 +176,11 @@ class ControlPlane:
         if replica_ids:
             emptied = self.drivers[role].remove_replicas(replica_ids, migrate=migrate)
             for rep in emptied:
-                self.events.emit("replica_stop", replica=rep.replica_id, role=role, devices=list(rep.device_ids))
+                now = self.now  # one reading: the record and the account agree to the bit
+                self.events.emit_at(now, "replica_stop", replica=rep.replica_id, role=role,
+                                    devices=list(rep.device_ids))
                 _, since, n = self._holding.pop(rep.replica_id)
-                self._held_s[role] += (self.now - since) * n
+                self._held_s[role] += (now - since) * n
             self.backend.stop_replicas(role, emptied)
 
     def stop_role(self, role: InferenceRole) -> None:
@@ -214,8 +217,9 @@ class ControlPlane:
         migrate = all(self._up_migrate.pop(rep.replica_id, True) for rep in backends)
         self._starting[role] -= {rep.replica_id for rep in backends}
         for rep in backends:
-            self.events.emit("replica_up", replica=rep.replica_id, role=role, devices=list(rep.device_ids))
-            self._holding[rep.replica_id] = (role, self.now, len(rep.device_ids))
+            now = self.now
+            self.events.emit_at(now, "replica_up", replica=rep.replica_id, role=role, devices=list(rep.device_ids))
+            self._holding[rep.replica_id] = (role, now, len(rep.device_ids))
         self.drivers[role].add_replicas(backends, migrate=migrate)
         self.deployment.on_replicas_up(self, role, [rep.replica_id for rep in backends])
         if not self._starting[role]:
@@ -249,9 +253,10 @@ class ControlPlane:
                 self.deployment.on_drained(self, "reward")
 
     def training_started(self) -> None:
-        self.events.emit("training_start", step=self.ledger.trained, devices=list(self._training_devices),
+        now = self.now
+        self.events.emit_at(now, "training_start", step=self.ledger.trained, devices=list(self._training_devices),
                          shift_up=self._training_shift_up)
-        self._training_since = self.now
+        self._training_since = now
         self.deployment.on_training_started(self)
 
     def trained(self, step: int) -> None:
@@ -260,10 +265,11 @@ class ControlPlane:
             running = f"step {ledger.trained} is training" if ledger.training_running else "no step is training"
             raise LedgerError(f"trained step {step}, but {running}")
         ledger.finish_training()
-        self.step_end_s.append(self.now)
-        self.events.emit("trained", step=step)
+        now = self.now
+        self.step_end_s.append(now)
+        self.events.emit_at(now, "trained", step=step)
         if self._training_since is not None:
-            self._held_s["training"] += (self.now - self._training_since) * len(self._training_devices)
+            self._held_s["training"] += (now - self._training_since) * len(self._training_devices)
             self._training_since = None
         self.deployment.on_trained(self, step)
 
@@ -273,9 +279,10 @@ class ControlPlane:
 
     def published(self, version: int) -> None:
         self.ledger.publish(version)
-        self.events.emit("published", version=version)
+        now = self.now
+        self.events.emit_at(now, "published", version=version)
         if self.finished and self.finished_s is None:
-            self.finished_s = self.now
+            self.finished_s = now
         if self.drivers["rollout"].replicas:
             self.backend.reload_rollout(version)
         self.deployment.on_published(self, version)

@@ -288,7 +288,7 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
     from pivotrl.console import console, say
     from pivotrl.control.events import EVENTS_FILE
     from pivotrl.runtime import messages as m
-    from pivotrl.runtime.metrics import accounting
+    from pivotrl.runtime.metrics import accounting, shifts_by_role
     from pivotrl.runtime.runfolder import Progress, RunFolder, summary_line, write_atomic
 
     folder = RunFolder(folder_path)
@@ -341,6 +341,8 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
         say(summary_line(result.summary["tps"], tokens, seconds, len(cluster.plane.shifts)))
         cluster.shutdown()
         result.summary["cpu"] = cpu_summary(cluster.cpu_s_by_device)  # from the workers' Bye: known only now
+        # shift reports that came in while the workers stopped (a last reload) count too
+        result.summary.update(num_shift_reports=len(cluster.shift_reports), shifts_by_role=shifts_by_role(cluster))
         folder.write_summary(result.summary)
     except BaseException as err:  # noqa: BLE001 (any failure must stop the workers)
         result.error = f"{type(err).__name__}: {err}"
