@@ -14,8 +14,9 @@ test: $(STAMP)
 
 # The main job on the embedded default: 4 worker processes (one per device) on this machine.
 # ARGS takes key=value overrides, e.g. make run ARGS="deployment.kind=disaggregated run.num_steps=5".
+# OMP_NUM_THREADS=1 is what torchrun sets anyway; set here, torchrun does not print its three-line warning about it.
 run: $(STAMP)
-	$(VENV)/bin/torchrun --standalone --nproc_per_node=4 launch/pivotrl.py $(ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/torchrun --standalone --nproc_per_node=4 launch/pivotrl.py $(ARGS)
 
 install: $(STAMP)
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -63,21 +62,34 @@ def test_wandb_offline_needs_no_network_and_keeps_the_last_step(tmp_path: Path, 
     sinks.close()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")  # on disk, for `wandb sync`
     (record,) = run.glob("*.wandb")
-    # history items are protobuf messages {2: key, 16: value_json}: read the (key, value) pairs in file order
     by_step: dict[int, dict] = {}
-    items: dict = {}
-    for size, key, value in _ITEM.findall(record.read_bytes()):
-        if size[0] != len(key):
-            continue
-        if key == b"_step":  # a history row ends with its step (a row may be written more than once)
-            by_step.setdefault(int(value), {}).update(items)
-            items = {}
-        elif not key.startswith(b"_") and key != b"runtime":  # (wandb's own: _timestamp, _wandb.runtime, ...)
-            items[key.decode()] = json.loads(value)
+    for rec in _records(record.read_bytes()):  # the run's own records, parsed with wandb's protobuf classes
+        if rec.WhichOneof("record_type") == "history":
+            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
+            by_step.setdefault(row["_step"], {}).update({k: v for k, v in row.items() if not k.startswith("_")})
     assert by_step == {r["step"]: scalars({k: v for k, v in r.items() if k != "step"}) for r in ROWS}
 
 
-_ITEM = re.compile(rb"\x12([\x01-\x7f])([A-Za-z_/]+)\x82\x01[\x01-\x7f]([-0-9.e+]+)")
+def _records(data: bytes) -> list:
+    """The records of a ``.wandb`` file: a 7-byte header (``:W&B``, magic, version), then LevelDB log framing (32 KiB
+    blocks; each chunk: CRC-32 (4 bytes), length (2, little-endian), type (1: full, 2: first, 3: middle, 4: last))."""
+    from wandb.proto import wandb_internal_pb2
+
+    assert data[:4] == b":W&B", data[:8]
+    out, pos, part, block = [], 7, b"", 32 * 1024
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        part = chunk if kind in (1, 2) else part + chunk
+        if kind in (1, 4):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(part)
+            out.append(rec)
+    return out
+
 
 
 @pytest.mark.parametrize("values, message", [
