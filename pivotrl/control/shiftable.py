@@ -167,7 +167,8 @@ class Shiftable(Deployment):
                 if decision.plan is not None else None
             cp.events.emit("decision", strategy=self.dep.strategy, up_role=decision.up_role,
                            current_tps=finite(decision.current_throughput),
-                           candidates=[[c.num_up, finite(c.throughput), finite(c.benefit)] for c in cands], chosen=chosen,
+                           candidates=[[c.num_up, finite(c.throughput), finite(c.benefit)] for c in cands],
+                           chosen=chosen,
                            planner_s=decision.total_s,
                            beliefs={role: {k: getattr(r.model, k) for k in "ABCD"} | {"tau_shift_s": r.tau_shift_s}
                                     for role, r in state.roles.items()})

@@ -39,7 +39,7 @@ class Books:
     dispatches: dict[str, int]
     aborts: dict[str, int]
     migrations: dict[str, int]  # dispatches of a sequence that had generated tokens elsewhere
-    migration_wait_s: dict[str, float]  # summed over them: from the abort to the dispatch that resumed it
+    migration_wait_s: dict[str, float]  # summed over them: queued from the abort to the re-dispatch
     staleness_wait_s: float
     planner_decisions: int
     planner_s: float
@@ -71,7 +71,8 @@ def replay(events: list[dict[str, Any]]) -> Books:
     books = Books(num_steps=n, seqs_per_step=per, rollouts_done=done["rollout"], judged=done["reward"],
                   trained_steps=[], step_end_s=[], published=[], released=[], num_shifts=0,
                   tokens_by_role=counts["tokens"], dispatches=counts["dispatch"], aborts=counts["abort"],
-                  migrations=counts["migration"], migration_wait_s={"rollout": 0.0, "reward": 0.0}, staleness_wait_s=0.0, planner_decisions=0, planner_s=0.0)
+                  migrations=counts["migration"], migration_wait_s={"rollout": 0.0, "reward": 0.0},
+                  staleness_wait_s=0.0, planner_decisions=0, planner_s=0.0)
     for e in events:
         kind = e["kind"]
         if kind == "finish":

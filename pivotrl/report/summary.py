@@ -37,7 +37,8 @@ def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None =
     out: dict[str, Any] = {
         "deployment": info["deployment"], "backend": info["backend"], "devices": n, "makespan_s": end,
         "tokens": tokens, "tps": tokens / end if end > 0 else 0.0, "tokens_by_role": dict(books.tokens_by_role),
-        "device_s": device_s, "device_s_by_state": held, "engine_device_s": engine, "steps_trained": len(books.trained_steps),
+        "device_s": device_s, "device_s_by_state": held, "engine_device_s": engine,
+        "steps_trained": len(books.trained_steps),
         "shift_phases": _phases(events), "shifts": _shifts(events, books, end),
         "migrations": dict(books.migrations), "aborts": dict(books.aborts),
         "migration_wait_s": {r: books.migration_wait_s[r] / n_m if (n_m := books.migrations[r]) else None
@@ -112,7 +113,8 @@ def format_summary(s: dict[str, Any], max_shifts: int = 20) -> str:
         f"{k} {100 * v / s['device_s']:.1f} %" for k, v in s["engine_device_s"].items()) + " (the rest of a role's "
         "holding time its replicas had no sequence, or waited on a message)")
     waits = ", ".join(f"{r} {_f(w, '.3f')} s" for r, w in s["migration_wait_s"].items())
-    lines.append(f"migrations {s['migrations']} (mean abort -> resume: {waits}); aborts {s['aborts']}")
+    lines.append(f"migrations {s['migrations']} (mean wait in the queue between abort and re-dispatch: {waits}); "
+                 f"aborts {s['aborts']}")
     lines.append(f"staleness waits {s['staleness_wait_s']:.1f} s; "
                  f"planner {s['planner']['decisions']} decisions, {s['planner']['seconds']:.3f} s")
     if s["shift_phases"]:

@@ -211,7 +211,8 @@ class Simulator:
         if shift_up:
             start = self._free(list(device_ids))
             self._phases(start, "training", "up", list(device_ids),
-                         {"gps_read_s": self.costs.read_s(self.policy, n), "optimizer_s": self.costs.optimizer_s(self.policy, n),
+                         {"gps_read_s": self.costs.read_s(self.policy, n),
+                          "optimizer_s": self.costs.optimizer_s(self.policy, n),
                           "train_start_s": self.costs.cfg.train_start_s})
             start += self.costs.training_up_s(self.policy, n)
         end = start + self.costs.training_s(self.policy, self.workload.training_tokens(step), len(device_ids))
@@ -222,7 +223,8 @@ class Simulator:
         n = len(device_ids)
         if shift_down:
             self._phases(self._now, "training", "down", list(device_ids),
-                         {"optimizer_s": self.costs.optimizer_s(self.policy, n), "train_stop_s": self.costs.cfg.train_stop_s})
+                         {"optimizer_s": self.costs.optimizer_s(self.policy, n),
+                          "train_stop_s": self.costs.cfg.train_stop_s})
         free = self._now + (self.costs.training_down_s(self.policy, n) if shift_down else 0.0)
         self._free_at.update((d, free) for d in device_ids)
         self._publish_at[version] = free + self.costs.write_s(self.policy, n)
@@ -231,7 +233,8 @@ class Simulator:
 
     def reload_rollout(self, version: int) -> None:
         seconds = self.costs.read_s(self.policy, self.cfg.scenario.policy_tp)
-        self._phases(self._now, "rollout", "reload", self.plane.drivers["rollout"].device_ids(), {"gps_read_s": seconds})
+        devices = self.plane.drivers["rollout"].device_ids()
+        self._phases(self._now, "rollout", "reload", devices, {"gps_read_s": seconds})
         self.roles["rollout"].stall_all(seconds, self._now)
 
     def _phases(self, start: float, role: str, direction: str, devices: list[int], parts: dict[str, float]) -> None:
