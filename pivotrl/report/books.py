@@ -43,7 +43,8 @@ class Books:
     staleness_wait_s: float
     planner_decisions: int
     planner_s: float
-    shift_phases: dict[str, dict[str, float]] = field(default_factory=dict)  # "role direction" -> count, seconds
+    # "role direction" -> count, seconds, parts (seconds per context kind or step name), in name order
+    shift_phases: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def run_info(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -103,9 +104,13 @@ def replay(events: list[dict[str, Any]]) -> Books:
             books.planner_decisions += 1
             books.planner_s += e["planner_s"]
         elif kind == "shift_phase":
-            entry = books.shift_phases.setdefault(f"{e['role']} {e['direction']}", {"count": 0, "seconds": 0.0})
+            entry = books.shift_phases.setdefault(f"{e['role']} {e['direction']}",
+                                                  {"count": 0, "seconds": 0.0, "parts": {}})
             entry["count"] += 1
             entry["seconds"] += e["seconds"]
+            for part, s in e["parts"].items():
+                entry["parts"][part] = entry["parts"].get(part, 0.0) + s
+    books.shift_phases = dict(sorted(books.shift_phases.items()))
     return books
 
 

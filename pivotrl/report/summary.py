@@ -1,6 +1,6 @@
 """The text summary of a run's event record: throughput, where device time went, shifts, the planner.
 
-* tokens/s: tokens the engines reported over the makespan (the last step's end);
+* tokens/s: tokens the engines reported over the run (to its end: the last step's policy published);
 * device time: devices × makespan split into the roles' holding time, shifting and idle (a runtime
   training slice includes its own shift up, so shifting there counts the inference phases and the
   training shift down);
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pivotrl.report.books import Books, held_seconds, replay, run_end, run_info, slices
+from pivotrl.report.books import held_seconds, replay, run_end, run_info, slices
 
 __all__ = ["summarize", "format_summary"]
 
@@ -39,7 +39,8 @@ def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None =
         "tokens": tokens, "tps": tokens / end if end > 0 else 0.0, "tokens_by_role": dict(books.tokens_by_role),
         "device_s": device_s, "device_s_by_state": held, "engine_device_s": engine,
         "steps_trained": len(books.trained_steps),
-        "shift_phases": _phases(events), "shifts": _shifts(events, books, end),
+        "shift_phases": {name: {**p, "mean_s": p["seconds"] / p["count"]} for name, p in books.shift_phases.items()},
+        "shifts": _shifts(events, end),
         "migrations": dict(books.migrations), "aborts": dict(books.aborts),
         "migration_wait_s": {r: books.migration_wait_s[r] / n_m if (n_m := books.migrations[r]) else None
                              for r in books.migrations},
@@ -51,21 +52,6 @@ def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None =
         out["genrm_parse_failures"] = rewards.get("num_unparsed")
         out["reward_function_failures"] = rewards.get("num_reward_failed")
     return out
-
-
-def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for e in events:
-        if e["kind"] != "shift_phase":
-            continue
-        entry = out.setdefault(f"{e['role']} {e['direction']}", {"count": 0, "seconds": 0.0, "parts": {}})
-        entry["count"] += 1
-        entry["seconds"] += e["seconds"]
-        for part, s in e["parts"].items():
-            entry["parts"][part] = entry["parts"].get(part, 0.0) + s
-    for entry in out.values():
-        entry["mean_s"] = entry["seconds"] / entry["count"]
-    return dict(sorted(out.items()))
 
 
 def _inference_tokens(events: list[dict[str, Any]], a: float, b: float) -> float:
@@ -82,7 +68,7 @@ def _inference_tokens(events: list[dict[str, Any]], a: float, b: float) -> float
     return total
 
 
-def _shifts(events: list[dict[str, Any]], books: Books, end: float) -> list[dict[str, Any]]:
+def _shifts(events: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
     shifts = [e for e in events if e["kind"] == "shift"]
     done = {e["id"]: e["t"] for e in events if e["kind"] == "shift_done"}
     out = []

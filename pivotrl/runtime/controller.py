@@ -203,7 +203,6 @@ class RuntimeCluster:
         self.beliefs = {role: RoleBelief(spec.belief[role]) for role in INFERENCE_ROLES}
         self.engine_fits: list[dict[str, Any]] = []  # what each EngineFit reported (the run folder's fits.json)
         self.engines_prepared: dict[int, dict[str, Any]] = {}  # device -> its EnginesReady report
-        self.held_device_s: dict[str, float] = {}  # device-seconds each role held, when the run ended
         self.startup_s = 0.0  # seconds from the cluster's creation to the first placement (fits, engine starts)
 
     @property
@@ -510,7 +509,6 @@ class RuntimeCluster:
             for device, msg in self.bus.recv(0.05 if wait is None else min(wait, 0.05)):
                 self.handle(device, msg)
         self.plane.check_devices()
-        self.held_device_s = self.plane.held_device_seconds(until=self.plane.finished_s)  # the record's end too
 
     def wait_for(self, what: Callable[[], bool], timeout_s: float, label: str) -> None:
         deadline = time.monotonic() + timeout_s

@@ -95,7 +95,8 @@ def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
                                for r in book.records.values()),
         "max_roles_held": cluster.max_roles_held,  # over every report of every worker
         "time_breakdown": time_breakdown(cluster),
-        "held_device_s": cluster.held_device_s or cluster.plane.held_device_seconds(),  # the plane's own account
+        # device-seconds each role held until the run's end (the event record's end too): the plane's own account
+        "held_device_s": cluster.plane.held_device_seconds(until=cluster.plane.finished_s),
         "engine_rates": engine_rates(cluster),
         "shifts_by_role": shifts_by_role(cluster),
         "staleness_waits": {"count": len(cluster.plane.staleness_waits), "seconds": cluster.plane.staleness_wait_s},

@@ -105,7 +105,8 @@ def _check_accounting(cluster: RuntimeCluster, bus: FakeBus, num_steps: int) -> 
         assert sum(p["count"] for p in books.shift_phases.values()) == len(cluster.shift_reports)
         held = held_seconds(slices(events))
         for role in ("rollout", "reward", "training"):
-            assert held[role] == pytest.approx(cluster.held_device_s[role], rel=1e-9, abs=1e-6)
+            assert held[role] == pytest.approx(cluster.plane.held_device_seconds(until=cluster.plane.finished_s)[role],
+                                               rel=1e-9, abs=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
