@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +121,6 @@ class EventLog:
             self._sink.close()
             self._sink = None
 
-    def of(self, *kinds: str) -> Iterator[dict[str, Any]]:
-        return (e for e in self.events if e["kind"] in kinds)
 
 
 def read_events(source: Path | str | Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
