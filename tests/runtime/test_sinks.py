@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -62,12 +63,18 @@ def test_wandb_offline_needs_no_network_and_keeps_the_last_step(tmp_path: Path, 
     sinks.close()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")  # on disk, for `wandb sync`
     (record,) = run.glob("*.wandb")
-    by_step: dict[int, dict] = {}
-    for rec in _records(record.read_bytes()):  # the run's own records, parsed with wandb's protobuf classes
-        if rec.WhichOneof("record_type") == "history":
-            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
-            by_step.setdefault(row["_step"], {}).update({k: v for k, v in row.items() if not k.startswith("_")})
-    assert by_step == {r["step"]: scalars({k: v for k, v in r.items() if k != "step"}) for r in ROWS}
+    want = {r["step"]: scalars({k: v for k, v in r.items() if k != "step"}) for r in ROWS}
+    deadline = time.monotonic() + 60  # wandb's core service may still be writing the record when finish() returns
+    while True:
+        by_step: dict[int, dict] = {}
+        for rec in _records(record.read_bytes()):  # the run's own records, parsed with wandb's protobuf classes
+            if rec.WhichOneof("record_type") == "history":
+                row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
+                by_step.setdefault(row["_step"], {}).update({k: v for k, v in row.items() if not k.startswith("_")})
+        if by_step == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert by_step == want
 
 
 def _records(data: bytes) -> list:
@@ -82,6 +89,8 @@ def _records(data: bytes) -> list:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
         part = chunk if kind in (1, 2) else part + chunk
         if kind in (1, 4):
