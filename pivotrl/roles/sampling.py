@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from pivotrl.roles import vllm_compat
 
 EXTRA_ARGS_KEY = "pivotrl_gumbel"
 _M32 = 0xFFFFFFFF
@@ -123,7 +124,7 @@ class GumbelLogitsProcessor(LogitsProcessor):
         return False  # it changes which token greedy decoding picks
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self.rows, batch_update, _new_row)
+        vllm_compat.process_dict_updates(self.rows, batch_update, _new_row)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Rows of our requests become ``log_softmax(logits / T) + G`` (greedy rows: ``log_softmax(logits)``)."""

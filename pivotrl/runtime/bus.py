@@ -58,7 +58,8 @@ class ControllerBus:
             except zmq.ZMQError as err:
                 if err.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN) or time.monotonic() > deadline:
                     raise TimeoutError(f"ControllerBus: cannot send {msg.kind} to device {device} within "
-                                       f"{timeout_s}s ({err}); is its worker connected?") from None
+                                       f"{timeout_s}s ({err}); is its worker connected? (waits.connect_s for a first message, "
+                                       "waits.send_s after it)") from None
                 time.sleep(0.01)
 
     def recv(self, timeout_s: float) -> list[tuple[int, Message]]:

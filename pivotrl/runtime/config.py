@@ -45,7 +45,7 @@ if typing.TYPE_CHECKING:
     from pivotrl.roles.engine import EngineConfig
 
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EngineSection", "GPSSection", "ModelsConfig",
-           "PipelineConfig", "RunConfig", "TINY", "TINY_MOE", "load_config", "load_prompts"]
+           "PipelineConfig", "RunConfig", "WaitsConfig", "TINY", "TINY_MOE", "load_config", "load_prompts"]
 
 TINY = "tiny"  # models.*: the embedded (shipped) checkpoints of pivotrl.roles.tiny.ensure_tiny_checkpoints()
 TINY_MOE = "tiny-moe"  # models.genrm: the embedded (shipped) Qwen3-MoE GenRM of pivotrl.roles.tiny_moe.ensure_tiny_moe_genrm()
@@ -323,6 +323,27 @@ WANDB_MODES = ("off", "offline", "online")
 
 
 @dataclass(kw_only=True, slots=True)
+class WaitsConfig:
+    """How long each wait of the job may last before it fails with a message naming what it waited for (seconds).
+
+    Defaults fit the embedded default on two cores; a large checkpoint on a slow file system, or a GPU cluster
+    whose engines take minutes to start, wants longer ``startup_s`` / ``collective_s`` / ``save_s``."""
+
+    collective_s: float = 600.0  # any torch.distributed collective (process-group timeout: training, GPS, set-up)
+    startup_s: float = 600.0  # each start-up phase: the engines' fits, the engines prepared on every device
+    connect_s: float = 300.0  # a worker's first connection to the controller (its imports, GPS set-up)
+    send_s: float = 30.0  # a message to a connected worker that stops taking messages
+    save_s: float = 300.0  # the policy checkpoint written at the end of a run
+    shutdown_s: float = 120.0  # every worker to stop after the run; a background GPS write to finish
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{f.name}: must be a positive finite number of seconds, got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
 class LoggingConfig:
     """Metrics where users look, beside ``metrics.jsonl`` (the same scalars, one point per step)."""
 
@@ -363,6 +384,7 @@ class PipelineConfig:
     gps: GPSSection = field(default_factory=GPSSection)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    waits: WaitsConfig = field(default_factory=WaitsConfig)
 
     def __post_init__(self) -> None:
         _check_tp(self)
@@ -423,14 +445,26 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, for_cluster_
     ``for_cluster_only``: validate the structure only (no file reads, tp > 1 accepted): for configs of a
     GPU cluster that this runtime will not run."""
     merged = OmegaConf.structured(PipelineConfig)
+    given: set[str] = set()  # the dotted keys the file and the overrides set
     for key, value in _leaves(OmegaConf.to_container(_read_yaml(Path(path)), resolve=False)):
+        given.add(".".join(map(str, key)))
         _merge(merged, OmegaConf.create(_nest(key, value)), where=".".join(map(str, key)))
     for override in overrides:
+        given.add(override.partition("=")[0].strip())
         _merge(merged, _parse_override(override), where=override.partition("=")[0].strip())
+    _derive(merged, given)
     cfg = _build(merged)
     if not for_cluster_only:
         cfg.check_runnable()
     return cfg
+
+
+def _derive(merged: DictConfig, given: set[str]) -> None:
+    """Values that follow from others unless the config sets them: ``trainer.temperature`` is the rollouts'
+    sampling temperature (1.0 for greedy rollouts). A value that is set is checked instead
+    (``PipelineConfig.__post_init__``)."""
+    if not given & {"trainer", "trainer.temperature"}:
+        merged.trainer.temperature = float(merged.rollout.temperature or 1.0)
 
 
 def load_prompts(cfg: PipelineConfig) -> PromptDataset:

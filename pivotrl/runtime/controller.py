@@ -73,6 +73,9 @@ class ControllerSpec:
     fit_engines: bool = False  # start from each role's engine fit (cached, else profiled before the first placement)
     prepare_engines: bool = False  # start every device's engines at start-up, released until their role arrives
     timeout_s: float = 1800.0
+    startup_timeout_s: float = 600.0  # each start-up phase (fits, prepared engines): waits.startup_s
+    save_timeout_s: float = 300.0  # the final policy checkpoint: waits.save_s
+    shutdown_timeout_s: float = 120.0  # every worker to stop: waits.shutdown_s
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
     checkpoint_every: int = 0  # checkpoint after every checkpoint_every-th step and the last; 0: never
     keep_checkpoints: int = 2
@@ -329,17 +332,17 @@ class RuntimeCluster:
     def _on_EnginesReady(self, device: int, msg: m.EnginesReady) -> None:
         self.engines_prepared[device] = msg.report
 
-    def prepare_engines(self, timeout_s: float = 600.0) -> None:
+    def prepare_engines(self, timeout_s: float | None = None) -> None:
         """Before the first placement: every device starts the engines of the roles the deployment may place on
         it (``Deployment.engine_roles``) and releases them, all devices at once."""
         asked = {d: list(self.plane.deployment.engine_roles(d)) for d in range(self.spec.num_devices)}
         asked = {d: roles for d, roles in asked.items() if roles}
         for d, roles in asked.items():
             self.bus.send(d, m.PrepareEngines(roles=roles))
-        self.wait_for(lambda: all(d in self.engines_prepared for d in asked), timeout_s,
-                      f"the engines of devices {sorted(asked)} to start")
+        self.wait_for(lambda: all(d in self.engines_prepared for d in asked), timeout_s or self.spec.startup_timeout_s,
+                      f"the engines of devices {sorted(asked)} to start (waits.startup_s)")
 
-    def fit_engines(self, timeout_s: float = 600.0) -> None:
+    def fit_engines(self, timeout_s: float | None = None) -> None:
         """Before the first placement: each role's fit, from the cache or profiled on the device the deployment
         first places the role on (one role at a time, the other devices idle, so the profile measures an
         engine alone on its device)."""
@@ -347,7 +350,8 @@ class RuntimeCluster:
             before = len(self.engine_fits)
             device = self.plane.deployment.first_device(role)
             self.bus.send(device, m.FitEngine(role=role))
-            self.wait_for(lambda: len(self.engine_fits) > before, timeout_s, f"the {role} engine's fit (device {device})")
+            self.wait_for(lambda: len(self.engine_fits) > before, timeout_s or self.spec.startup_timeout_s,
+                          f"the {role} engine's fit (device {device}; waits.startup_s)")
 
     def _on_ReplicaDown(self, device: int, msg: m.ReplicaDown) -> None:
         self._record_shift(device, msg.report, replica_id=msg.replica_id)
@@ -520,13 +524,15 @@ class RuntimeCluster:
                     continue
                 self.handle(device, msg)
 
-    def save_policy(self, path: str, device: int = 0, timeout_s: float = 300.0) -> m.Saved:
+    def save_policy(self, path: str, device: int = 0, timeout_s: float | None = None) -> m.Saved:
         self.bus.send(device, m.SavePolicy(path=path))
-        self.wait_for(lambda: self._saved is not None, timeout_s, "the policy checkpoint")
+        self.wait_for(lambda: self._saved is not None, timeout_s or self.spec.save_timeout_s,
+                      "the policy checkpoint (waits.save_s)")
         assert self._saved is not None
         return self._saved
 
-    def shutdown(self, timeout_s: float = 120.0) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> None:
         for d in range(self.spec.num_devices):
             self.bus.send(d, m.Shutdown())
-        self.wait_for(lambda: len(self._byes) == self.spec.num_devices, timeout_s, "every worker to stop")
+        self.wait_for(lambda: len(self._byes) == self.spec.num_devices, timeout_s or self.spec.shutdown_timeout_s,
+                      "every worker to stop (waits.shutdown_s)")

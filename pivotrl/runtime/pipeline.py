@@ -15,6 +15,7 @@ the final barrier) is entered by every rank in the same order.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import threading
@@ -83,14 +84,15 @@ def run(cfg: PipelineConfig) -> RunResult:
         torch.cuda.set_device(local_rank)  # NCCL's communicators belong to the rank's own device
     init_engine_groups(local_rank)
     training = training_device_ids(cfg)
-    gps_group = dist.new_group(list(range(world)), backend=backends["gps"])
-    training_group = dist.new_group(list(training), backend=backends["training"])
+    collective = datetime.timedelta(seconds=cfg.waits.collective_s)
+    gps_group = dist.new_group(list(range(world)), backend=backends["gps"], timeout=collective)
+    training_group = dist.new_group(list(training), backend=backends["training"], timeout=collective)
     policy_path, genrm_path = embedded_checkpoints((cfg.models.policy, cfg.models.genrm))
     gps = _gps(cfg, gps_group, rank, policy_path, genrm_path, resumed)
     result = RunResult()
     thread, box = None, {}
     if rank == 0:
-        bus = ControllerBus()
+        bus = ControllerBus(send_timeout_s=cfg.waits.send_s, connect_timeout_s=cfg.waits.connect_s)
         box["address"] = bus.address
         thread = threading.Thread(target=_controller, args=(cfg, bus, policy_path, genrm_path, training, result,
                                                             resumed, folder), name="pivotrl-controller", daemon=True)
@@ -103,7 +105,7 @@ def run(cfg: PipelineConfig) -> RunResult:
     with WorkerBus(address, rank) as wbus:
         Worker(spec, wbus, gps, training_group if rank in training else None).run()
     if thread is not None:
-        thread.join(timeout=300)
+        thread.join(timeout=cfg.waits.shutdown_s + cfg.waits.save_s)
     gps.close()  # collective: peers may still read this rank's GPS copy one-sidedly
     for group in (training_group, gps_group):
         dist.destroy_process_group(group)
@@ -261,7 +263,8 @@ def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, trai
                       trainer=trainer,
                       training_device_ids=training, validation=_validation(cfg, rank, training),
                       fit_cache=_fit_cache(cfg),
-                      device_share=None if trains_on_cuda(cfg) else cfg.cluster.pacing_share())
+                      device_share=None if trains_on_cuda(cfg) else cfg.cluster.pacing_share(),
+                      shutdown_timeout_s=cfg.waits.shutdown_s)
 
 
 def _fit_cache(cfg: PipelineConfig) -> str:
@@ -422,7 +425,9 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
                                                        temperature=cfg.genrm.temperature)},
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
                           checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
-                          fit_engines=cfg.run.fit_engines, prepare_engines=cfg.run.prepare_engines)
+                          fit_engines=cfg.run.fit_engines, prepare_engines=cfg.run.prepare_engines,
+                          startup_timeout_s=cfg.waits.startup_s, save_timeout_s=cfg.waits.save_s,
+                          shutdown_timeout_s=cfg.waits.shutdown_s)
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,
                           resumed=resumed)

@@ -111,6 +111,7 @@ class WorkerSpec:
     trainer_state: str | None = None  # a resumed run: this rank's trainer-<r>-of-<n>.pt (optimizer chunks, RNG)
     fit_cache: str | None = None  # folder of cached engine fits (``roles.profiling.fit_engine``); None: no cache
     device_share: float | None = None  # CPU: pace this rank's device work to this fraction of a core (pacing.py)
+    shutdown_timeout_s: float = 300.0  # at shutdown, a background GPS Write may take this long to finish
 
     def __post_init__(self) -> None:
         if self.device_id < 0:
@@ -536,9 +537,9 @@ class Worker:
         save_checkpoint(Path(self.spec.policy_path), Path(msg.path), params)
         self._send(Saved, path=msg.path, version=result.version)
 
-    def _shutdown(self, msg: Shutdown, write_timeout_s: float = 300.0) -> None:
+    def _shutdown(self, msg: Shutdown) -> None:
         self._flush_progress(force=True)
-        self._poll_writes(timeout_s=write_timeout_s)
+        self._poll_writes(timeout_s=self.spec.shutdown_timeout_s)
         for role in self._engines.values():
             role.replica.close()
         if self._training is not None:

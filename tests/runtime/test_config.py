@@ -56,6 +56,24 @@ def test_overrides_apply() -> None:
     assert cfg.deployment.strategy_cfg == {"horizon_s": 7.5}
 
 
+@pytest.mark.parametrize("rollout, expected", [("0.7", 0.7), ("0", 1.0), ("1.3", 1.3)])
+def test_the_trainer_temperature_follows_the_rollouts_unless_set(rollout: str, expected: float) -> None:
+    cfg = load_config(DEFAULT, [f"rollout.temperature={rollout}"])
+    assert cfg.trainer.temperature == expected
+    assert load_config(DEFAULT, [f"rollout.temperature={rollout}", f"trainer.temperature={expected}"]
+                       ).trainer.temperature == expected
+
+
+def test_waits_reach_the_workers() -> None:
+    from pivotrl.roles.tiny import ensure_tiny_checkpoints
+    from pivotrl.runtime.pipeline import _worker_spec
+
+    cfg = load_config(DEFAULT, ["waits.startup_s=7", "waits.save_s=8", "waits.shutdown_s=9"])
+    assert (cfg.waits.startup_s, cfg.waits.save_s, cfg.waits.shutdown_s, cfg.waits.collective_s) == (7, 8, 9, 600)
+    tiny = ensure_tiny_checkpoints()
+    assert _worker_spec(cfg, 0, tiny.policy_path, tiny.genrm_path, (2, 3)).shutdown_timeout_s == 9
+
+
 def test_colocated_trains_on_the_whole_cluster() -> None:
     cfg = load_config(DEFAULT, ["deployment.kind=colocated"])
     assert cfg.num_training_devices == 4
@@ -136,7 +154,11 @@ BAD = [
     (["trainer.lr=-1"], "trainer.lr", ">= 0"),
     (["trainer.betas=[1,2,3]"], "trainer.betas", ""),
     (["trainer.dtype=float16"], "trainer.dtype", "bfloat16"),
-    (["rollout.temperature=0.7"], "trainer.temperature", "rollout.temperature"),
+    (["rollout.temperature=0.7", "trainer.temperature=1.0"], "trainer.temperature", "rollout.temperature"),
+    (["waits.save_s=0"], "waits.save_s", "positive finite"),
+    (["waits.startup_s=.inf"], "waits.startup_s", "positive finite"),
+    (["waits.collective_s=soon"], "waits.collective_s", ""),
+    (["waits.forever=1"], "waits.forever", "collective_s"),
     (["trainer.temperature=0"], "trainer.temperature", "> 0"),
     (["trainer.behaviour_weight_cap=0.5"], "trainer.behaviour_weight_cap", ">= 1"),
     (["eval.every=-1"], "eval.every", ">= 0"),

@@ -221,3 +221,12 @@ def test_replicas_coming_up_one_by_one_never_give_a_device_two_roles(name: str, 
     and a step is released whichever comes last, its replicas or its policy version."""
     cluster, bus = _run(DEPLOYMENTS[name], tokenizer, num_steps=2, up_delay_seed=seed)
     _check_accounting(cluster, bus, 2)
+
+
+def test_a_worker_that_never_stops_fails_the_shutdown_naming_its_wait(tokenizer, monkeypatch) -> None:
+    """The shutdown waits ``waits.shutdown_s`` (the spec's ``shutdown_timeout_s``), then fails saying which wait."""
+    from pivotrl.runtime.controller import RunFailed
+
+    monkeypatch.setattr(FakeBus, "_Shutdown", lambda self, device, msg: None)  # no worker says Bye
+    with pytest.raises(RunFailed, match=r"every worker to stop \(waits\.shutdown_s\)"):
+        _run(DEPLOYMENTS["disaggregated"], tokenizer, num_steps=1, spec_kwargs={"shutdown_timeout_s": 0.2})
