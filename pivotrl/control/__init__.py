@@ -29,6 +29,12 @@ __all__ = ["Clock", "ClusterBackend", "Colocated", "ControlPlane", "DEPLOYMENT_K
 
 def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Strategy | None = None) -> Deployment:
     """The deployment ``dep`` on ``num_devices`` (``strategy`` overrides the registry's, shiftable only)."""
+    deployment = _deployment(dep, num_devices, strategy)
+    deployment.tail_guard = dep.tail_guard
+    return deployment
+
+
+def _deployment(dep: DeploymentConfig, num_devices: int, strategy: Strategy | None) -> Deployment:
     if dep.kind == "colocated":
         return Colocated(num_devices)
     training, staleness = dep.training_set(num_devices), dep.staleness_bound

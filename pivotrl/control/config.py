@@ -11,6 +11,7 @@ names the field and what is allowed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 from math import gcd
 from typing import Any, Literal
 
@@ -36,6 +37,9 @@ class DeploymentConfig:
     tick_s: float = 2.0  # shiftable: seconds between planner decisions (right after a shift or event)
     max_tick_s: float = 16.0  # shiftable: the interval doubles after each no-shift decision, up to this
     label: str = ""  # a display name (default: kind or strategy)
+    # a replica running the oldest step's sequences takes newer steps' only while its iteration latency stays
+    # within 1 + tail_guard of one sequence's (pivotrl.control.tailguard; beyond the paper); None: off
+    tail_guard: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DEPLOYMENT_KINDS:
@@ -47,6 +51,10 @@ class DeploymentConfig:
         for name in ("rollout_devices", "reward_devices", "training_devices", "staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"deployment.{name} must be >= 0, got {getattr(self, name)}")
+        if self.tail_guard is not None and not (isinstance(self.tail_guard, (int, float)) and self.tail_guard > 0
+                                                and math.isfinite(self.tail_guard)):
+            raise ValueError(f"deployment.tail_guard must be null (off) or a number > 0 (the latency slack), got "
+                             f"{self.tail_guard!r}")
         if not 0 < self.tick_s <= self.max_tick_s:
             raise ValueError(f"deployment.tick_s/max_tick_s: need 0 < tick_s <= max_tick_s, got "
                              f"{self.tick_s}, {self.max_tick_s}")

@@ -26,9 +26,11 @@ class Deployment:
     """Hooks the control plane calls; the default does nothing.
 
     ``staleness``: the bound the run's ledger enforces (``DeploymentConfig.staleness_bound``), the
-    deployment's decision; the plane builds its ledger from it."""
+    deployment's decision; the plane builds its ledger from it. ``tail_guard``: the latency slack of the
+    role drivers' tail guard (``pivotrl.control.tailguard``; None: §6.1's Dispatch alone)."""
 
     staleness: int = 0
+    tail_guard: float | None = None
 
     def start(self, cp: ControlPlane) -> None:
         raise NotImplementedError

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pivotrl.control.backend import ReplicaBackend, RoleSpec
 from pivotrl.control.events import EventLog
+from pivotrl.control.tailguard import TailGuard
 from pivotrl.scheduler import Abort, Action, ReplicaSpec, ShiftAwareScheduler, ThroughputModel
 from pivotrl.scheduler.queue import WaitingSequence
 from pivotrl.scheduler.scheduler import ReplicaId
@@ -44,8 +45,10 @@ class RoleDriver:
     """Scheduler + replica backends of one inference role."""
 
     def __init__(self, spec: RoleSpec, *, sync: Callable[[], None] = _no_sync,
-                 on_finished: Callable[[str, int], None] | None = None, events: EventLog | None = None) -> None:
+                 on_finished: Callable[[str, int], None] | None = None, events: EventLog | None = None,
+                 guard: TailGuard | None = None) -> None:
         self.spec = spec
+        self.guard = guard  # None: §6.1's Dispatch; else the tail guard decides what newer steps may take
         self.events = events if events is not None else EventLog(lambda: 0.0, enabled=False)
         self.role = spec.role
         self.scheduler = ShiftAwareScheduler()
@@ -102,7 +105,7 @@ class RoleDriver:
             if self.num_waiting and self.replicas:
                 self._sync()  # (finishes it brings are served by this very dispatch)
                 self._room_freed = False
-                self.apply(self.scheduler.dispatch())
+                self.apply(self.scheduler.dispatch() if self.guard is None else self.guard.dispatch(self.scheduler))
             self._room_freed = False
 
     @contextmanager

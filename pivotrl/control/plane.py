@@ -30,6 +30,7 @@ from pivotrl.control.deployments import Deployment
 from pivotrl.control.driver import DriverError, RoleDriver
 from pivotrl.control.events import EventLog
 from pivotrl.control.ledger import LedgerError, StepLedger
+from pivotrl.control.tailguard import TailGuard
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole
 
 __all__ = ["ControlPlane", "group_devices"]
@@ -53,8 +54,9 @@ class ControlPlane:
         # the RL data flow, under the deployment's staleness bound (colocated: 0)
         self.ledger = StepLedger(num_steps=num_steps, seqs_per_step=seqs_per_step,
                                  staleness=deployment.staleness, first_step=first_step)
+        guard = None if deployment.tail_guard is None else TailGuard(deployment.tail_guard, seqs_per_step)
         self.drivers: dict[InferenceRole, RoleDriver] = {
-            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role), events=self.events)
+            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role), events=self.events, guard=guard)
             for role in INFERENCE_ROLES}
         self.step_end_s: list[float] = []
         self.shifts: list[dict[str, Any]] = []  # executed plans

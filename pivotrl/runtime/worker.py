@@ -297,6 +297,10 @@ class Worker:
         if self._live is not None or self.manager.role_on(self.device) is not None:
             raise RuntimeError(f"StartReplica {msg.replica_id}: device {self.device} already serves "
                                f"{self.roles_held()}; shift it down first")
+        # a training device's background GPS Write of the version it just trained finishes before the device takes
+        # an inference role: the next rollouts wait for that version's publication (the staleness bound), while
+        # the role's shift up competes with the Write for this device (the record showed publications 0.8 s late)
+        self._poll_writes(timeout_s=self.spec.shutdown_timeout_s)
         role, engine_start_s = self._engine_role(msg.role)
         report = self.manager.shift_up(role, version=msg.min_version if msg.role == "rollout" else None)
         assert report.version is not None

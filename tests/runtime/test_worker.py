@@ -140,6 +140,14 @@ def test_a_write_is_reported_inside_the_training_step_after_it(job) -> None:
     assert result["write_during_training"] == {"0": ["Written", "Trained"], "1": ["Written", "Trained"]}
 
 
+def test_a_training_device_finishes_its_write_before_it_takes_an_inference_role(job) -> None:
+    """The Write of the version a device just trained is published before the device's new role comes up (the
+    next rollouts wait for that publication), and the new replica serves that version."""
+    result, _ = job
+    assert result["write_before_shift_up"] == {"0": [["Written", 3], ["ReplicaUp", 3]],
+                                               "1": [["Written", 3], ["ReplicaUp", 3]]}
+
+
 def test_write_reload_and_saved_policy_agree(job) -> None:
     from safetensors.torch import load_file
 

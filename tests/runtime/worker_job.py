@@ -265,6 +265,23 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
             got = box.take(device, (Written, Trained))  # the first of either, in arrival order
             order[device].append(got.kind)
     res["write_during_training"] = order
+
+    # 8. a training device finishes its background Write before it takes an inference role: the Write (v3) is
+    # reported before the replica is up, and the replica serves v3
+    for device in (0, 1):
+        bus.send(device, GpsWrite(version=3))
+        bus.send(device, StopTraining())
+    for device in (0, 1):
+        box.take(device, TrainingDown)
+        bus.send(device, StartReplica(replica_id=10 + device, role="rollout", device_ids=[device], min_version=0))
+    shift_up: dict[int, list] = {0: [], 1: []}
+    for device in (0, 1):
+        while len(shift_up[device]) < 2:
+            got = box.take(device, (Written, ReplicaUp))
+            shift_up[device].append([got.kind, got.version])
+        bus.send(device, StopReplica(replica_id=10 + device))
+        box.take(device, ReplicaDown)
+    res["write_before_shift_up"] = shift_up
     for device in (0, 1):
         bus.send(device, Shutdown())
     res["bye"] = [box.take(d, Bye).device for d in (0, 1)]
