@@ -128,10 +128,14 @@ def in_process_core(llm: Any) -> Any | None:
     """The engine's ``EngineCore`` when it runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), else None
     (a core in another process, reached through a message client)."""
     client = _reach(llm, "llm_engine.engine_core", feature="reading the engine's state")
-    inproc = _import("vllm.v1.engine.core_client", "InprocClient", feature="reading the engine's state")
-    if not isinstance(client, inproc):
+    if not isinstance(client, _inproc_client()):
         return None
     return _reach(client, "engine_core", feature="reading the engine's state", root="InprocClient")
+
+
+@functools.cache
+def _inproc_client() -> type:  # read at every engine progress report: looked up once
+    return _import("vllm.v1.engine.core_client", "InprocClient", feature="reading the engine's state")
 
 
 def core_scheduler(llm: Any) -> Any | None:

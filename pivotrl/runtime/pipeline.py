@@ -264,7 +264,7 @@ def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, trai
                       training_device_ids=training, validation=_validation(cfg, rank, training),
                       fit_cache=_fit_cache(cfg),
                       device_share=None if trains_on_cuda(cfg) else cfg.cluster.pacing_share(),
-                      shutdown_timeout_s=cfg.waits.shutdown_s)
+                      write_timeout_s=cfg.waits.shutdown_s)
 
 
 def _fit_cache(cfg: PipelineConfig) -> str:

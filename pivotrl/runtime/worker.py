@@ -111,7 +111,8 @@ class WorkerSpec:
     trainer_state: str | None = None  # a resumed run: this rank's trainer-<r>-of-<n>.pt (optimizer chunks, RNG)
     fit_cache: str | None = None  # folder of cached engine fits (``roles.profiling.fit_engine``); None: no cache
     device_share: float | None = None  # CPU: pace this rank's device work to this fraction of a core (pacing.py)
-    shutdown_timeout_s: float = 300.0  # at shutdown, a background GPS Write may take this long to finish
+    write_timeout_s: float = 300.0  # a background GPS Write may take this long to finish (before an inference
+    # role comes up on this device, and at shutdown)
 
     def __post_init__(self) -> None:
         if self.device_id < 0:
@@ -300,7 +301,7 @@ class Worker:
         # a training device's background GPS Write of the version it just trained finishes before the device takes
         # an inference role: the next rollouts wait for that version's publication (the staleness bound), while
         # the role's shift up competes with the Write for this device (the record showed publications 0.8 s late)
-        self._poll_writes(timeout_s=self.spec.shutdown_timeout_s)
+        self._poll_writes(timeout_s=self.spec.write_timeout_s)
         role, engine_start_s = self._engine_role(msg.role)
         report = self.manager.shift_up(role, version=msg.min_version if msg.role == "rollout" else None)
         assert report.version is not None
@@ -543,7 +544,7 @@ class Worker:
 
     def _shutdown(self, msg: Shutdown) -> None:
         self._flush_progress(force=True)
-        self._poll_writes(timeout_s=self.spec.shutdown_timeout_s)
+        self._poll_writes(timeout_s=self.spec.write_timeout_s)
         for role in self._engines.values():
             role.replica.close()
         if self._training is not None:

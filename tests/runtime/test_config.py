@@ -71,7 +71,7 @@ def test_waits_reach_the_workers() -> None:
     cfg = load_config(DEFAULT, ["waits.startup_s=7", "waits.save_s=8", "waits.shutdown_s=9"])
     assert (cfg.waits.startup_s, cfg.waits.save_s, cfg.waits.shutdown_s, cfg.waits.collective_s) == (7, 8, 9, 600)
     tiny = ensure_tiny_checkpoints()
-    assert _worker_spec(cfg, 0, tiny.policy_path, tiny.genrm_path, (2, 3)).shutdown_timeout_s == 9
+    assert _worker_spec(cfg, 0, tiny.policy_path, tiny.genrm_path, (2, 3)).write_timeout_s == 9
 
 
 def test_colocated_trains_on_the_whole_cluster() -> None:
