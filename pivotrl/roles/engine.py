@@ -312,6 +312,9 @@ class EngineReplica:
         if self.device_seconds is not None:
             latency_s = self.device_seconds(latency_s, time.thread_time() - cpu0)
         finished, new_token_ids, num_new = [], {}, 0
+        done: list[tuple[_InFlight, Any]] = []
+        scored: list[tuple[_InFlight, int]] = []  # sequences whose new tokens need behaviour log-probs
+        rows: list[tuple[int, int, list[int], list[float], float]] = []
         for out in outputs:
             seq_id = int(out.request_id)  # the external id is str(seq_id)
             seq = self._seqs.get(seq_id)
@@ -319,17 +322,28 @@ class EngineReplica:
                 continue
             new_ids = list(out.outputs[0].token_ids)
             if seq.logprobs is not None:
-                seq.logprobs.extend(self._behaviour_logprobs(seq_id, seq, new_ids, out.outputs[0].logprobs))
+                rows.append(self._reported_logprobs(seq_id, seq, new_ids, out.outputs[0].logprobs))
+                scored.append((seq, len(rows) - 1))
             seq.generated_ids.extend(new_ids)
             new_token_ids[seq_id] = tuple(new_ids)
             num_new += len(new_ids)
             if out.finished:
-                del self._seqs[seq_id]
-                self._seq_of_request.pop(seq.request_id, None)
-                finished.append(FinishedSequence(seq_id=seq_id, prompt_ids=tuple(seq.prompt_ids),
-                                                 token_ids=tuple(seq.generated_ids),
-                                                 finish_reason=str(out.outputs[0].finish_reason),
-                                                 logprobs=None if seq.logprobs is None else tuple(seq.logprobs)))
+                done.append((seq, out))
+        if rows:  # one batched computation for the iteration (it is device work on every token)
+            from pivotrl.roles.sampling import behaviour_logprobs_many
+
+            values = behaviour_logprobs_many(self.config.seed, rows)
+            for seq, k in scored:
+                assert seq.logprobs is not None
+                seq.logprobs.extend(values[k])
+        for seq, out in done:
+            seq_id = int(out.request_id)
+            del self._seqs[seq_id]
+            self._seq_of_request.pop(seq.request_id, None)
+            finished.append(FinishedSequence(seq_id=seq_id, prompt_ids=tuple(seq.prompt_ids),
+                                             token_ids=tuple(seq.generated_ids),
+                                             finish_reason=str(out.outputs[0].finish_reason),
+                                             logprobs=None if seq.logprobs is None else tuple(seq.logprobs)))
         if self.after_step is not None:
             self.after_step()
         return StepResult(finished=finished, progress=self._progress(num_new, latency_s), new_token_ids=new_token_ids)
@@ -443,17 +457,15 @@ class EngineReplica:
                               extra_args=gumbel_args(seed=self.config.seed, seq_id=seq_id,
                                                      temperature=sampling.temperature))
 
-    def _behaviour_logprobs(self, seq_id: int, seq: _InFlight, new_ids: list[int], reported: Any) -> list[float]:
-        """The new tokens' log-probs under their sampling distribution (the engine reports them plus G)."""
-        from pivotrl.roles.sampling import behaviour_logprobs
-
+    def _reported_logprobs(self, seq_id: int, seq: _InFlight, new_ids: list[int],
+                           reported: Any) -> tuple[int, int, list[int], list[float], float]:
+        """The row :func:`~pivotrl.roles.sampling.behaviour_logprobs_many` turns into the new tokens' log-probs
+        under their sampling distribution (the engine reports ``log_softmax(logits / T) + G`` of each)."""
         if reported is None or len(reported) != len(new_ids):
             raise RuntimeError(f"seq {seq_id}: the engine reported {0 if reported is None else len(reported)} "
                                f"log-probs for {len(new_ids)} new tokens")
         values = [entry[token].logprob for entry, token in zip(reported, new_ids, strict=True)]
-        return behaviour_logprobs(seed=self.config.seed, seq_id=seq_id,
-                                  first_position=len(seq.prompt_ids) + len(seq.generated_ids),
-                                  token_ids=new_ids, reported=values, temperature=seq.temperature)
+        return (seq_id, len(seq.prompt_ids) + len(seq.generated_ids), new_ids, values, seq.temperature)
 
     def _progress(self, num_new_tokens: int, latency_s: float) -> IterationProgress:
         state = vllm_compat.waiting_and_running(self._llm)

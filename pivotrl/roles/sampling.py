@@ -78,12 +78,36 @@ def behaviour_logprobs(*, seed: int, seq_id: int, first_position: int, token_ids
     """Log-probs of ``token_ids`` (sampled at absolute positions ``first_position, first_position + 1, ...``)
     under their sampling distribution, from the engine's reported ``log_softmax(logits / T) + G``
     (greedy, T = 0: no G was added)."""
-    if not token_ids or temperature == 0:
-        return [float(v) for v in reported]
-    key = seq_key(seq_id)
-    keys = torch.tensor([row_key(seed, key, first_position + i) for i in range(len(token_ids))], dtype=torch.int64)
-    noise = gumbel_values(keys, torch.tensor(token_ids, dtype=torch.int64))
-    return (torch.tensor(reported, dtype=torch.float32) - noise).tolist()
+    return behaviour_logprobs_many(seed, [(seq_id, first_position, token_ids, reported, temperature)])[0]
+
+
+def behaviour_logprobs_many(seed: int, rows: list[tuple[int, int, list[int], list[float], float]]) -> list[list[float]]:
+    """:func:`behaviour_logprobs` of many sequences at once, each row ``(seq_id, first_position, token_ids,
+    reported, temperature)``: one pass of tensor operations for a whole engine iteration (elementwise, so every
+    value is bit for bit what the row alone gives), not one per sequence."""
+    keys: list[int] = []
+    tokens: list[int] = []
+    values: list[float] = []
+    for seq_id, first_position, token_ids, reported, temperature in rows:
+        if len(reported) != len(token_ids):
+            raise ValueError(f"seq {seq_id}: {len(reported)} reported log-probs for {len(token_ids)} tokens")
+        if token_ids and temperature != 0:
+            key = seq_key(seq_id)
+            keys.extend(row_key(seed, key, first_position + i) for i in range(len(token_ids)))
+            tokens.extend(token_ids)
+            values.extend(reported)
+    corrected: list[float] = []
+    if keys:
+        noise = gumbel_values(torch.tensor(keys, dtype=torch.int64), torch.tensor(tokens, dtype=torch.int64))
+        corrected = (torch.tensor(values, dtype=torch.float32) - noise).tolist()
+    out, at = [], 0
+    for _, _, token_ids, reported, temperature in rows:
+        if token_ids and temperature != 0:
+            out.append(corrected[at:at + len(token_ids)])
+            at += len(token_ids)
+        else:
+            out.append([float(v) for v in reported])
+    return out
 
 
 def gumbel_args(*, seed: int, seq_id: int, temperature: float) -> dict[str, Any]:

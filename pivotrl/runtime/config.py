@@ -82,6 +82,9 @@ class RunConfig:
     # releases it (vLLM sleep mode on GPUs, in place on CPU), so no shift pays an engine start; the run's time
     # and tokens/s count from the first placement, the start-up is reported as startup_s
     prepare_engines: bool = True
+    # true: at start-up the training devices build the trainer (FSDP set-up) and validate the initial policy (when
+    # eval.every > 0), then free its parameters until the first step; false: both at the first step, inside it
+    prepare_training: bool = True
     # quiet: the console shows the run folder, one line per step and the closing line; vLLM, NIXL, torch and
     # transformers output goes to <run folder>/logs/rank-<r>.log. info: that output on the console too; debug: and
     # vLLM's debug log (pivotrl/console.py)

@@ -31,7 +31,7 @@ from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
 from pivotrl.runtime import messages as m
 from pivotrl.runtime.book import RolloutBook
 from pivotrl.runtime.clock import WallClock
-from pivotrl.runtime.metrics import step_row
+from pivotrl.runtime.metrics import step_row, validation
 from pivotrl.scheduler import ThroughputModel
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ class ControllerSpec:
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured (half of it stands for a shift down)
     fit_engines: bool = False  # start from each role's engine fit (cached, else profiled before the first placement)
     prepare_engines: bool = False  # start every device's engines at start-up, released until their role arrives
+    prepare_training: bool = False  # build the trainer at start-up (and validate the initial policy there)
+    training_device_ids: tuple[int, ...] = ()  # the fixed training set (prepare_training builds the trainer there)
     timeout_s: float = 1800.0
     startup_timeout_s: float = 600.0  # each start-up phase (fits, prepared engines): waits.startup_s
     save_timeout_s: float = 300.0  # the final policy checkpoint: waits.save_s
@@ -190,6 +192,13 @@ class RuntimeCluster:
         self._byes: set[int] = set()
         self.cpu_s_by_device: dict[int, dict[str, float]] = {}  # each worker process's CPU seconds (from Bye)
         self._last_step_row: dict[str, Any] = {}
+        # validations (Validated / TrainingReady): ("before" | "after", step) -> the training devices' shares; a
+        # step's metrics row waits in ``_rows`` until its validation is in (rows go out in step order)
+        self.validations: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+        self._validators: dict[tuple[str, int], int] = {}  # shares expected
+        self._rows: list[tuple[int, dict[str, Any]]] = []
+        self._training_ready: set[int] = set()
+        self.finished_s: float | None = None  # when the last version was published
         # checkpoints (``pivotrl.runtime.checkpoint``): the run folder they go to, the one resumed from
         if spec.checkpoint_every and run_folder is None:
             raise ValueError("RuntimeCluster: checkpoint_every > 0 needs the run folder")
@@ -261,10 +270,15 @@ class RuntimeCluster:
             from pivotrl.runtime.checkpoint import checkpoint_dir
 
             checkpoint = str(checkpoint_dir(self.run_folder, step + 1))
+        before = step == 0 and self.spec.eval_every > 0 and not self.spec.prepare_training
+        after = self.spec.validates_after(step, num_steps)
+        if before:
+            self._validators[("before", step)] = len(device_ids)
+        if after:
+            self._validators[("after", step)] = len(device_ids)
         for device, shard in zip(device_ids, self.book.batch_shards(step, len(device_ids))):
             self.trained_sequences[step] = self.trained_sequences.get(step, 0) + len(shard["response_ids"])
-            self.bus.send(device, m.Train(step=step, **shard, validate_before=step == 0 and self.spec.eval_every > 0,
-                                          validate_after=self.spec.validates_after(step, num_steps),
+            self.bus.send(device, m.Train(step=step, **shard, validate_before=before, validate_after=after,
                                           checkpoint_dir=checkpoint))  # every rank saves its optimizer chunks
         self.clock.call_at(self.clock.now(), self.plane.training_started)
 
@@ -341,6 +355,20 @@ class RuntimeCluster:
             self.bus.send(d, m.PrepareEngines(roles=roles))
         self.wait_for(lambda: all(d in self.engines_prepared for d in asked), timeout_s or self.spec.startup_timeout_s,
                       f"the engines of devices {sorted(asked)} to start (waits.startup_s)")
+
+    def prepare_training(self, timeout_s: float | None = None) -> None:
+        """Before the first placement: the training devices build the trainer and, on a new run that validates,
+        validate the initial policy (the "before step 0" row), all at once (the FSDP set-up is collective)."""
+        devices = self.spec.training_device_ids
+        if not devices:
+            raise ValueError("prepare_training: ControllerSpec.training_device_ids is empty")
+        validate = self.spec.eval_every > 0 and self.resumed is None
+        if validate:
+            self._validators[("before", 0)] = len(devices)
+        for d in devices:
+            self.bus.send(d, m.PrepareTraining(validate=validate))
+        self.wait_for(lambda: self._training_ready >= set(devices), timeout_s or self.spec.startup_timeout_s,
+                      f"the trainer to build on devices {list(devices)} (waits.startup_s)")
 
     def fit_engines(self, timeout_s: float | None = None) -> None:
         """Before the first placement: each role's fit, from the cache or profiled on the device the deployment
@@ -435,7 +463,10 @@ class RuntimeCluster:
                                     "seconds": msg.seconds})
 
     def _on_Trained(self, device: int, msg: m.Trained) -> None:
-        self.train_stats[msg.step].append(dict(msg.stats))
+        stats = dict(msg.stats)
+        if "eval_before" in stats:
+            self.validations[("before", msg.step)].append(stats.pop("eval_before"))
+        self.train_stats[msg.step].append(stats)
         if msg.report is not None:
             self._record_shift(device, msg.report)
         if msg.checkpoint_dir is not None:
@@ -448,9 +479,18 @@ class RuntimeCluster:
         self._written[msg.version].add(device)
         if len(self._written[msg.version]) == self.spec.num_devices:
             self._emit_step(msg.version - 1)
-            if msg.version - 1 in self._checkpoint_saved:
-                self._commit_checkpoint(msg.version)
             self.plane.published(msg.version)
+            if self.plane.finished and self.finished_s is None:
+                self.finished_s = self.clock.now()
+
+    def _on_Validated(self, device: int, msg: m.Validated) -> None:
+        self.validations[("after", msg.version - 1)].append(dict(msg.validation))
+        self._flush_rows()
+
+    def _on_TrainingReady(self, device: int, msg: m.TrainingReady) -> None:
+        self._training_ready.add(device)
+        if msg.validation is not None:
+            self.validations[("before", 0)].append(dict(msg.validation))
 
     def _on_TrainingDown(self, device: int, msg: m.TrainingDown) -> None:
         self._record_shift(device, msg.report)
@@ -477,8 +517,30 @@ class RuntimeCluster:
 
     # ------------------------------------------------------------------ metrics
     def _emit_step(self, step: int) -> None:
+        """The metrics row of a published step: made now, sent out (and the step's checkpoint committed) once its
+        validations are in, in step order."""
         self._last_step_row = step_row(self, step, self._last_step_row)
-        self.on_step(self._last_step_row)
+        self._rows.append((step, self._last_step_row))
+        self._flush_rows()
+
+    def _flush_rows(self) -> None:
+        while self._rows:
+            step, row = self._rows[0]
+            shares = {when: self.validations.get((when, step), []) for when in ("before", "after")}
+            if any(len(shares[when]) < self._validators.get((when, step), 0) for when in shares):
+                return
+            self._rows.pop(0)
+            for when, got in shares.items():
+                if got:
+                    row[f"eval_{when}"] = validation(got)
+            self.on_step(row)
+            if step in self._checkpoint_saved:
+                self._commit_checkpoint(step + 1)
+
+    @property
+    def rows_pending(self) -> int:
+        """Metrics rows of published steps still waiting for their validation."""
+        return len(self._rows)
 
     def _commit_checkpoint(self, version: int) -> None:
         """The trainer files of step ``version - 1`` are written and its metrics row is out: complete the
@@ -500,6 +562,8 @@ class RuntimeCluster:
             self.fit_engines()
         if self.spec.prepare_engines:
             self.prepare_engines()
+        if self.spec.prepare_training:
+            self.prepare_training()
         self.startup_s = self.clock.restart()  # the run's time counts from its first placement
         for fit in self.engine_fits:
             fit["time_s"] -= self.startup_s
@@ -513,6 +577,10 @@ class RuntimeCluster:
             for device, msg in self.bus.recv(0.05 if wait is None else min(wait, 0.05)):
                 self.handle(device, msg)
         self.plane.check_devices()
+        if self.finished_s is None:
+            self.finished_s = self.clock.now()
+        self.wait_for(lambda: not self._rows, self.spec.startup_timeout_s,
+                      "the last validation (its metrics row waits for it; waits.startup_s)")
 
     def wait_for(self, what: Callable[[], bool], timeout_s: float, label: str) -> None:
         deadline = time.monotonic() + timeout_s

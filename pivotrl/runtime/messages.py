@@ -144,7 +144,7 @@ class Train(Message):
     rewards: list[float | None]  # None: the sequence is dropped
     behaviour_logprobs: list[list[float]]  # per response token, under the policy that sampled it
     validate_before: bool  # validate the policy before the update (the step's input version)
-    validate_after: bool  # validate the policy after the update (the version this step publishes)
+    validate_after: bool  # validate the version this step publishes, once written to GPS (reply: Validated)
     checkpoint_dir: str | None = None  # save the updated policy and the trainer state there (one rank)
 
 
@@ -190,6 +190,16 @@ class PrepareEngines(Message):
 
     kind: ClassVar[str] = "PrepareEngines"
     roles: list[EngineRoleName]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrepareTraining(Message):
+    """Build this training device's share of the trainer now (start-up: the FSDP set-up is collective over the
+    training devices), validate the initial policy if ``validate`` (the run's "before step 0" validation), then
+    release its parameters (GPS holds them): the first training step pays a shift up, not a trainer build."""
+
+    kind: ClassVar[str] = "PrepareTraining"
+    validate: bool
 
 
 # ---------------------------------------------------------------------- worker -> controller
@@ -307,6 +317,26 @@ class EnginesReady(WorkerMessage):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingReady(WorkerMessage):
+    """The reply to ``PrepareTraining``: the build's seconds and this device's share of the initial policy's
+    validation (None when not asked)."""
+
+    kind: ClassVar[str] = "TrainingReady"
+    seconds: float
+    validation: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Validated(WorkerMessage):
+    """This device's share of the validation of ``version`` (the version a step published; ``Train.validate_after``).
+    It runs once the worker has written that version to GPS, so the publication never waits for it."""
+
+    kind: ClassVar[str] = "Validated"
+    version: int
+    validation: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerError(WorkerMessage):
     kind: ClassVar[str] = "WorkerError"
     where: str  # the kind of the message being handled (or "recv" / "loop")
@@ -315,8 +345,8 @@ class WorkerError(WorkerMessage):
 
 MESSAGES: dict[str, type[Message]] = {cls.kind: cls for cls in (
     StartReplica, AddSequences, AbortSequences, StopReplica, LoadVersion, Train, GpsWrite, StopTraining, SavePolicy,
-    Shutdown, FitEngine, PrepareEngines, Progress, ReplicaUp, EngineFit, EnginesReady, ReplicaDown, Aborted, Reloaded,
-    Trained, Written, TrainingDown, Saved, Bye, WorkerError)}
+    Shutdown, FitEngine, PrepareEngines, PrepareTraining, Progress, ReplicaUp, EngineFit, EnginesReady, ReplicaDown, Aborted, Reloaded,
+    Trained, Written, TrainingDown, Saved, Bye, TrainingReady, Validated, WorkerError)}
 
 
 # ---------------------------------------------------------------------- encoding and decoding

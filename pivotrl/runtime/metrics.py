@@ -19,7 +19,8 @@ __all__ = ["step_row", "accounting", "step_books", "time_breakdown", "engine_rat
 
 def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[str, Any]:
     """One metrics row per published version: this step's rewards and staleness, the tokens and
-    shifts since the previous row, and the run's totals so far."""
+    shifts since the previous row, and the run's totals so far (the controller adds the step's validations,
+    ``eval_before`` / ``eval_after``, when they are in)."""
     now = cluster.clock.now()
     since = now - prev.get("time_s", 0.0)
     stats = cluster.train_stats.get(step, [])
@@ -30,10 +31,6 @@ def step_row(cluster: RuntimeCluster, step: int, prev: dict[str, Any]) -> dict[s
         for key in _GLOBAL_TRAIN_STATS:  # the trainer reduces these over its ranks
             if key in stats[0]:
                 row[key] = stats[0][key]
-        for when in ("eval_before", "eval_after"):
-            shares = [s[when] for s in stats if when in s]
-            if shares:
-                row[when] = validation(shares)
     totals = {r: cluster.tokens_by_role[r] for r in INFERENCE_ROLES}
     before = prev.get("tokens_total_by_role", {r: 0 for r in INFERENCE_ROLES})
     row["tokens_by_role"] = {r: totals[r] - before[r] for r in INFERENCE_ROLES}
@@ -108,14 +105,21 @@ def accounting(cluster: RuntimeCluster) -> dict[str, Any]:
 
 
 def time_breakdown(cluster: RuntimeCluster) -> dict[str, float]:
-    """Where device time went: engine iterations per role, shifts (all context kinds), training
-    steps, and the rest (idle: waiting for work, for messages, or for another role's shift)."""
-    device_s = cluster.clock.now() * cluster.spec.num_devices
+    """Where device time went, from the first placement to the last publication: engine iterations per role,
+    shifts (all context kinds), training steps, validations inside that time (every one but the last step's,
+    which runs after the last publication; the initial policy's when it runs inside step 0, not at start-up),
+    and the rest (idle: waiting for work, for messages, or for another role's shift)."""
+    end = cluster.finished_s if cluster.finished_s is not None else cluster.clock.now()
+    device_s = end * cluster.spec.num_devices
     engine = {f"engine_{r}_s": cluster.engine_seconds[r] for r in INFERENCE_ROLES}
     shift_s = sum(r.get("seconds", 0.0) for r in cluster.shift_reports)
     train_s = sum(s.get("seconds", 0.0) for stats in cluster.train_stats.values() for s in stats)
-    busy = sum(engine.values()) + shift_s + train_s
-    return {"device_s": device_s, **engine, "shift_s": shift_s, "train_s": train_s,
+    last = cluster.plane.ledger.num_steps - 1
+    validation_s = sum(share.get("seconds", 0.0) for (when, step), shares in cluster.validations.items()
+                       for share in shares
+                       if (when == "after" and step != last) or (when == "before" and not cluster.spec.prepare_training))
+    busy = sum(engine.values()) + shift_s + train_s + validation_s
+    return {"device_s": device_s, **engine, "shift_s": shift_s, "train_s": train_s, "validation_s": validation_s,
             "idle_s": max(device_s - busy, 0.0)}
 
 

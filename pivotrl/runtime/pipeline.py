@@ -318,7 +318,7 @@ def _controller(cfg: PipelineConfig, bus: Any, policy: Path, genrm: Path, traini
             cluster.plane.events.stream_to(folder.path / (EVENTS_FILE if first_step == 0 and resumed.folder is None
                                                           else f"events-from-step-{first_step}.jsonl"))
             cluster.run()
-        seconds = cluster.clock.now()
+        seconds = cluster.finished_s if cluster.finished_s is not None else cluster.clock.now()
         saved = cluster.save_policy(str(folder.policy_dir), device=training[0])
         tokens = sum(cluster.tokens_by_role.values())
         result.summary = {"tps": tokens / seconds, "generated_tokens": tokens, "seconds": seconds,
@@ -426,6 +426,7 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
                           checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
                           fit_engines=cfg.run.fit_engines, prepare_engines=cfg.run.prepare_engines,
+                          prepare_training=cfg.run.prepare_training, training_device_ids=training_device_ids(cfg),
                           startup_timeout_s=cfg.waits.startup_s, save_timeout_s=cfg.waits.save_s,
                           shutdown_timeout_s=cfg.waits.shutdown_s)
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),

@@ -52,6 +52,7 @@ from pivotrl.runtime.messages import (
     Message,
     PartialSeq,
     PrepareEngines,
+    PrepareTraining,
     Progress,
     Reloaded,
     ReplicaDown,
@@ -65,6 +66,8 @@ from pivotrl.runtime.messages import (
     Train,
     Trained,
     TrainingDown,
+    TrainingReady,
+    Validated,
     WorkerError,
     WorkerMessage,
     Written,
@@ -79,7 +82,7 @@ EngineRoleName = Literal["rollout", "reward"]
 MODEL_OF: dict[str, str] = {"rollout": "policy", "reward": "genrm"}  # GPS model a role serves
 _POLL_WAIT_S = 0.005  # longest wait for a message while a GPS write or a Progress report is pending
 _IDLE_WAIT_S = 0.2  # longest wait for a message with nothing pending (a message wakes the loop at once)
-_STARTUP = (FitEngine, PrepareEngines)  # start-up messages: their work is not paced (pacing.DevicePacer.reset)
+_STARTUP = (FitEngine, PrepareEngines, PrepareTraining)  # start-up messages: their work is not paced (pacing.DevicePacer.reset)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
@@ -195,6 +198,8 @@ class Worker:
         self._live: _LiveReplica | None = None
         self._training: TrainingRole | None = None
         self._snapshot: dict[str, torch.Tensor] | None = None  # parameters after the last step
+        self._validation_due: int | None = None  # a version to validate once it is written (Train.validate_after)
+        self._written_version = -1  # the newest version this worker's GPS Writes committed
         self._tokenizer: Any = None  # the policy's, loaded at the first validation
         self._writes: list[_PendingWrite] = []
         self._running = False
@@ -204,6 +209,7 @@ class Worker:
             StopReplica: self._stop_replica, LoadVersion: self._load_version, Train: self._train,
             GpsWrite: self._gps_write, StopTraining: self._stop_training, SavePolicy: self._save_policy,
             Shutdown: self._shutdown, FitEngine: self._fit_engine, PrepareEngines: self._prepare_engines,
+            PrepareTraining: self._prepare_training,
         }
 
     # ------------------------------------------------------------------ loop
@@ -227,6 +233,7 @@ class Worker:
                 self._step()  # (the engine paces each of its iterations)
             self._flush_progress(force=False)
             self._poll_writes()
+            self._validate_if_written()
 
     def _handle(self, msg: Message) -> None:
         handler = self._handlers.get(type(msg))
@@ -302,6 +309,7 @@ class Worker:
         # an inference role: the next rollouts wait for that version's publication (the staleness bound), while
         # the role's shift up competes with the Write for this device (the record showed publications 0.8 s late)
         self._poll_writes(timeout_s=self.spec.write_timeout_s)
+        self._validate_if_written(force=True)  # it needs the trainer's parameters, which the shift down frees
         role, engine_start_s = self._engine_role(msg.role)
         report = self.manager.shift_up(role, version=msg.min_version if msg.role == "rollout" else None)
         assert report.version is not None
@@ -431,6 +439,7 @@ class Worker:
             raise ValueError(f"Train: device {self.device} is not a training device {self.spec.training_device_ids}")
         if self._live is not None:
             raise RuntimeError(f"Train: device {self.device} serves {self.roles_held()}; shift it down first")
+        self._validate_if_written(force=True)  # the previous step's validation scores the parameters it published
         if self._training is None:
             self._training = self._build_training()  # collective over the training group (FSDP2 set-up)
         report = None
@@ -441,11 +450,11 @@ class Worker:
         stats = self._training.trainer.step(GRPOBatch(prompt_ids=msg.prompt_ids, response_ids=msg.response_ids,
                                                       group_ids=msg.group_ids, rewards=msg.rewards,
                                                       behaviour_logprobs=msg.behaviour_logprobs))
-        if msg.validate_after:
-            extra["eval_after"] = self._validate(msg.step + 1)
         seconds = time.perf_counter() - start
         trainer = self._training.trainer
         self._snapshot = {n: t.detach().clone() for n, t in trainer.local_state_hf().items()}  # this rank's chunks
+        if msg.validate_after:  # once this version is written: its publication does not wait for the validation
+            self._validation_due = msg.step + 1
         if msg.checkpoint_dir is not None:  # the policy this step publishes, and what the next step continues from
             self._save_training_checkpoint(Path(msg.checkpoint_dir))
         self._send(Trained, step=msg.step, stats=_finite({**asdict(stats), "seconds": seconds}) | extra,
@@ -461,6 +470,40 @@ class Worker:
         if self.device == ids[0]:
             save_checkpoint(Path(self.spec.policy_path), folder / POLICY_DIR, full)
         save_trainer_state(folder / trainer_file_name(ids.index(self.device), len(ids)), trainer)
+
+    def _prepare_training(self, msg: PrepareTraining) -> None:
+        """Start-up: build the trainer (collective over the training devices), validate the initial policy if
+        asked, then free the parameters until the first step shifts training up (GPS holds them)."""
+        if self.device not in self.spec.training_device_ids:
+            raise ValueError(f"PrepareTraining: device {self.device} is not a training device "
+                             f"{self.spec.training_device_ids}")
+        if self._training is not None:
+            raise RuntimeError(f"PrepareTraining: device {self.device} has built its trainer already")
+        start = time.perf_counter()
+        self._training = self._build_training()
+        if msg.validate and self.spec.trainer_state is not None:
+            raise ValueError("PrepareTraining: a resumed trainer's parameters come from GPS at its first step; the "
+                             "initial policy's validation belongs to a new run")
+        validation = self._validate(0) if msg.validate else None
+        self._training.discard_temporary()
+        self._training.discard_parameters()
+        self._send(TrainingReady, seconds=time.perf_counter() - start, validation=validation, paced=False)
+
+    def _validate_if_written(self, *, force: bool = False) -> None:
+        """Run the validation a step asked for once this worker's Write of that version has committed (the
+        version is then published as far as this device goes); ``force``: now, waiting for the Write if need be
+        (before anything that changes or frees the trainer's parameters)."""
+        due = self._validation_due
+        if due is None or (not force and self._written_version < due):
+            return
+        self._poll_writes(timeout_s=self.spec.write_timeout_s)
+        self._validation_due = None
+        try:
+            validation = self._validate(due)
+        except Exception as err:
+            self._error("Validate", err)
+            return
+        self._send(Validated, version=due, validation=validation)
 
     def _validate(self, version: int) -> dict[str, Any]:
         """Counts of this device's share of the held-out set under the trainer's current parameters."""
@@ -527,11 +570,13 @@ class Worker:
             except Exception as err:
                 self._error("GpsWrite", err)
                 continue
+            self._written_version = max(self._written_version, version)
             self._send(Written, version=version, seconds=time.perf_counter() - write.started_s)
 
     def _stop_training(self, msg: StopTraining) -> None:
         if self._training is None or not self.manager.is_up(self._training):
             raise RuntimeError(f"StopTraining: training is not up on device {self.device}")
+        self._validate_if_written(force=True)  # before the shift down frees the parameters it scores
         report = self.manager.shift_down(self._training)
         self._send(TrainingDown, report=report.as_row())
 
@@ -545,6 +590,7 @@ class Worker:
     def _shutdown(self, msg: Shutdown) -> None:
         self._flush_progress(force=True)
         self._poll_writes(timeout_s=self.spec.write_timeout_s)
+        self._validate_if_written(force=True)
         for role in self._engines.values():
             role.replica.close()
         if self._training is not None:

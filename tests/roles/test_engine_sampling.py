@@ -1,11 +1,14 @@
 """Migration-invariant sampling without an engine: noise is a pure function of its key; Gumbel-max samples softmax."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate
 
 from pivotrl.roles.engine import EngineConfig, SequenceSampling
-from pivotrl.roles.sampling import GumbelLogitsProcessor, gumbel_args, gumbel_noise, hash32, row_key, seq_key
+from pivotrl.roles.sampling import (GumbelLogitsProcessor, behaviour_logprobs, behaviour_logprobs_many, gumbel_args,
+                                    gumbel_noise, hash32, row_key, seq_key)
 
 VOCAB = 11
 
@@ -92,3 +95,29 @@ def test_sampling_errors_name_the_field() -> None:
         SequenceSampling(max_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         SequenceSampling(max_tokens=1, temperature=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 300),
+                          st.lists(st.integers(0, VOCAB - 1), max_size=5),
+                          st.sampled_from([0.0, 0.6, 1.0])), max_size=6),
+       st.integers(0, 2**31))
+def test_behaviour_logprobs_of_many_sequences_are_each_sequence_alone(rows, seed) -> None:
+    """An iteration's rows corrected in one batch give, bit for bit, what the logits processor's noise gives each
+    token alone: reported - G(seed, seq, position, token) (greedy rows: as reported)."""
+    vocab_hash = hash32(torch.arange(VOCAB, dtype=torch.int64))
+    full = [(seq_id, first, tokens, [float(-0.25 * (i + 1)) for i in range(len(tokens))], t)
+            for seq_id, first, tokens, t in rows]
+    out = behaviour_logprobs_many(seed, full)
+    assert len(out) == len(full)
+    for (seq_id, first, tokens, reported, t), got in zip(full, out):
+        assert len(got) == len(tokens)
+        for i, (token, value) in enumerate(zip(tokens, reported)):
+            if t == 0:
+                assert got[i] == value
+                continue
+            key = torch.tensor([row_key(seed, seq_key(seq_id), first + i)], dtype=torch.int64)
+            noise = gumbel_noise(key, vocab_hash)[0, token]
+            assert got[i] == float(torch.tensor(value, dtype=torch.float32) - noise)
+        assert got == behaviour_logprobs(seed=seed, seq_id=seq_id, first_position=first, token_ids=tokens,
+                                         reported=reported, temperature=t)

@@ -148,6 +148,27 @@ def test_a_training_device_finishes_its_write_before_it_takes_an_inference_role(
                                                "1": [["Written", 3], ["ReplicaUp", 3]]}
 
 
+def test_the_trainer_is_built_at_start_up_and_validates_the_initial_policy(job) -> None:
+    """PrepareTraining: each device's share of the initial policy's validation; its parameters are then freed,
+    so the first step's shift up reads them from GPS."""
+    result, _ = job
+    for share in result["training_ready"]:
+        assert share["version"] == 0 and share["num_prompts"] == 1 and share["num_samples"] == 1
+        assert 0 <= share["greedy_correct"] <= 1 and 0 <= share["sampled_correct"] <= 1
+    for t in result["trained"]:
+        assert t["report"]["parameters_bytes"] > 0  # the first step loaded them (a shift up), not the build
+
+
+def test_a_validation_runs_after_the_write_of_the_version_it_scores(job) -> None:
+    """A step's validation does not hold up its publication: each device reports the Write, then the validation
+    of that version."""
+    result, _ = job
+    for device in ("0", "1"):
+        (written, v_written), (validated, v_validated, share) = result["validated_after_write"][device]
+        assert (written, v_written, validated, v_validated) == ("Written", 4, "Validated", 4)
+        assert share["version"] == 4 and share["num_prompts"] == 1
+
+
 def test_write_reload_and_saved_policy_agree(job) -> None:
     from safetensors.torch import load_file
 

@@ -36,6 +36,7 @@ from pivotrl.runtime.messages import (  # noqa: E402
     GpsWrite,
     LoadVersion,
     PrepareEngines,
+    PrepareTraining,
     Progress,
     Reloaded,
     ReplicaDown,
@@ -50,6 +51,8 @@ from pivotrl.runtime.messages import (  # noqa: E402
     Train,
     Trained,
     TrainingDown,
+    TrainingReady,
+    Validated,
     WorkerError,
     WorkerMessage,
     Written,
@@ -142,6 +145,9 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
     bus.send(0, PrepareEngines(roles=["rollout"]))
     bus.send(1, PrepareEngines(roles=["reward", "reward"]))
     res["prepared"] = {str(d): box.take(d, EnginesReady).report for d in (0, 1)}
+    for device in (0, 1):  # the trainer built at start-up, the initial policy validated, its parameters freed
+        bus.send(device, PrepareTraining(validate=True))
+    res["training_ready"] = [box.take(d, TrainingReady).validation for d in (0, 1)]
 
     # 1. rollout on device 1 (its weights: a GPS Read by rank 1 alone), abort midway
     bus.send(1, StartReplica(replica_id=1, role="rollout", device_ids=[1], min_version=0))
@@ -282,6 +288,27 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
         bus.send(device, StopReplica(replica_id=10 + device))
         box.take(device, ReplicaDown)
     res["write_before_shift_up"] = shift_up
+
+    # 9. a step that validates the version it publishes: the validation runs once the Write committed, so the
+    # publication never waits for it (Trained, then Written, then Validated of that version)
+    for device in (0, 1):
+        share = [s for s in prompts if group_of[s] == device]
+        bus.send(device, Train(step=3, prompt_ids=[prompts[s] for s in share],
+                               response_ids=[uninterrupted[s] for s in share],
+                               group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
+                               behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
+                               validate_after=True))
+    validated: dict[int, list] = {0: [], 1: []}
+    for device in (0, 1):
+        box.take(device, Trained)
+        bus.send(device, GpsWrite(version=4))
+    for device in (0, 1):
+        while len(validated[device]) < 2:
+            got = box.take(device, (Written, Validated))
+            validated[device].append([got.kind, got.version] + ([got.validation] if isinstance(got, Validated) else []))
+        bus.send(device, StopTraining())
+        box.take(device, TrainingDown)
+    res["validated_after_write"] = validated
     for device in (0, 1):
         bus.send(device, Shutdown())
     res["bye"] = [box.take(d, Bye).device for d in (0, 1)]
@@ -348,6 +375,11 @@ def main(out: Path) -> None:
     sampler = threading.Thread(target=sample_cpu, args=(cpu_samples, stop_sampling), daemon=True)
     sampler.start()
     tokenizer = load_tokenizer(tiny.policy_path)
+    from pivotrl.roles.data import PromptDataset
+    from pivotrl.roles.reward import RewardConfig
+    from pivotrl.runtime.worker import Validation
+
+    held_out = list(PromptDataset.arithmetic(2, seed=1))[rank:rank + 1]  # this rank's share of the held-out set
     spec = WorkerSpec(
         device_id=rank, policy_path=str(tiny.policy_path), genrm_path=str(tiny.genrm_path),
         rollout_engine=EngineConfig(model_path=str(tiny.policy_path), max_model_len=512, kv_cache_bytes=32 << 20,
@@ -355,7 +387,8 @@ def main(out: Path) -> None:
         reward_engine=EngineConfig(model_path=str(tiny.genrm_path), max_model_len=1024, kv_cache_bytes=32 << 20,
                                    seed=7),
         trainer=TrainerConfig(lr=1e-2, micro_batch_size=2, pad_token_id=tokenizer.pad_token_id),
-        training_device_ids=tuple(range(world)))
+        training_device_ids=tuple(range(world)),
+        validation=Validation(records=held_out, k=1, temperature=1.0, max_tokens=8, seed=0, reward=RewardConfig()))
     with WorkerBus(address, rank) as bus:
         Worker(spec, bus, gps, training_group).run()
     if thread is not None:
