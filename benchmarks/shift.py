@@ -39,7 +39,8 @@ from pivotrl.gps.store import GlobalParameterStorage
 from pivotrl.roles.engine import EngineConfig, EngineReplica
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
 from pivotrl.shifting import RoleContextManager, ShiftReport
-from pivotrl.shifting.adapters import EngineRole, TrainingRole
+from pivotrl.shifting.adapters import EngineRole
+from pivotrl.shifting.training import TrainingRole
 
 DEVICE = 0
 ONE = Parallelism()

@@ -145,10 +145,10 @@ def main() -> None:
     lm_step(trainer, batch)
     grpo_s = min(timed(lambda: trainer.step(batch), args.device) for _ in range(args.steps))
     lm_s = min(timed(lambda: lm_step(trainer, batch), args.device) for _ in range(args.steps))
-    state_bytes = trainer.optimizer_bytes()
+    state_bytes = trainer.context.optimizer_bytes()
     num_params = sum(p.numel() for p in trainer.model.parameters())
     first_offload_s = timed(trainer.offload_optimizer, args.device)  # allocates the (pinned) host buffers
-    trainer.reload_optimizer()
+    trainer.context.reload_optimizer()
     offload_s = timed(trainer.offload_optimizer, args.device)
     reload_s = timed(trainer.reload_optimizer, args.device)
     d2h, h2d = copy_bandwidth(args.device, min(state_bytes, 1 << 30))

@@ -102,7 +102,7 @@ def save_trainer_state(path: Path, trainer: Any) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"optimizer": trainer.optimizer_state(), "torch_rng": torch.get_rng_state()}, tmp)
+    torch.save({"optimizer": trainer.context.optimizer_state(), "torch_rng": torch.get_rng_state()}, tmp)
     os.replace(tmp, path)
 
 

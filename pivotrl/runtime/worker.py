@@ -74,7 +74,8 @@ from pivotrl.runtime.messages import (
 )
 from pivotrl.runtime.pacing import DevicePacer
 from pivotrl.shifting import RoleContextManager
-from pivotrl.shifting.adapters import EngineRole, TrainingRole
+from pivotrl.shifting.adapters import EngineRole
+from pivotrl.shifting.training import TrainingRole
 
 __all__ = ["Worker", "WorkerSpec"]
 
@@ -530,7 +531,7 @@ class Worker:
             from pivotrl.runtime.checkpoint import load_trainer_state
 
             state = load_trainer_state(Path(self.spec.trainer_state))
-            trainer.load_optimizer_state(state["optimizer"])
+            trainer.context.load_optimizer_state(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
         return TrainingRole(trainer, model="policy", devices=ids, local_device=self.device,
                             parallelism=trainer.parallelism)

@@ -11,9 +11,7 @@ wakes up with the weight load; ``keep`` frees nothing (the idle engine stays all
 and a shift up only loads the weights).
 The replica reads full HF tensors on its lead device; vLLM's loader splits them for tensor parallelism.
 
-``TrainingRole`` wraps the ``GRPOTrainer`` of this process: temporary = gradients, parameters = the
-model, offloadable = AdamW state, preserved = the process group and module structure. Training shifts
-as a whole: ``devices`` is the full training device set, ``local_device`` the one this process drives.
+``TrainingRole`` (:mod:`pivotrl.shifting.training`, with the trainer's context) is the training role.
 
 Invariant: a role's byte counts describe its own device memory; an ``EngineRole`` refuses to shift
 down while sequences are in flight (the scheduler aborts or migrates them first, §6.2).
@@ -30,7 +28,6 @@ from pivotrl.shifting.context import RoleName
 
 if TYPE_CHECKING:
     from pivotrl.roles.engine import EngineReplica
-    from pivotrl.roles.trainer import GRPOTrainer
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -106,42 +103,6 @@ class EngineRole:
         if not self.replica.is_started:
             return 0
         return self.replica.kv_capacity_tokens * self._kv_bytes_per_token
-
-
-class TrainingRole:
-    """This process's share of the training role as a shiftable role."""
-
-    def __init__(self, trainer: GRPOTrainer, *, model: str, devices: tuple[int, ...], local_device: int,
-                 parallelism: Any) -> None:
-        if local_device not in devices:
-            raise ValueError(f"local_device: {local_device} is not in devices {devices}")
-        self.trainer = trainer
-        self.role: RoleName = "training"
-        self.model = model
-        self.devices = tuple(devices)
-        self.local_device = local_device
-        self.parallelism = parallelism
-
-    def discard_temporary(self) -> int:
-        return self.trainer.release_temporary()
-
-    def discard_parameters(self) -> int:
-        return self.trainer.release_parameters()
-
-    def offload(self) -> int:
-        return self.trainer.offload_optimizer()
-
-    def allocate_temporary(self) -> int:
-        return 0  # gradients and activations are allocated by the next step
-
-    def load_parameters(self, shards: Mapping[int, Mapping[str, Any]]) -> int:
-        return self.trainer.load_parameters(shards[self.local_device])
-
-    def reload(self) -> int:
-        return self.trainer.reload_optimizer()
-
-    def preserved_bytes(self) -> int:
-        return 0  # the process group and the module structure (no tensors) stay
 
 
 def kv_bytes_per_token(model_path: Path, dtype: str) -> int:

@@ -329,23 +329,23 @@ def test_optimizer_offload_and_reload_is_bitwise() -> None:
     twin = copy.deepcopy(trainer)
     for t in (trainer, twin):
         t.step(_batch(4))
-    before = {id_: {k: v.clone() for k, v in s.items()} for id_, (_, s) in enumerate(trainer._param_states())}
-    num_bytes = trainer.optimizer_bytes()
-    assert num_bytes == 2 * trainer.parameter_bytes() + 4 * len(before)  # exp_avg, exp_avg_sq, step
-    assert trainer.offload_optimizer() == num_bytes
+    before = {id_: {k: v.clone() for k, v in s.items()} for id_, (_, s) in enumerate(trainer.context.param_states())}
+    num_bytes = trainer.context.optimizer_bytes()
+    assert num_bytes == 2 * trainer.context.parameter_bytes() + 4 * len(before)  # exp_avg, exp_avg_sq, step
+    assert trainer.context.offload_optimizer() == num_bytes
     assert all(not any(torch.is_tensor(v) for v in s.values()) for s in trainer.optimizer.state.values())
     with pytest.raises(RuntimeError, match="offloaded"):
         trainer.step(_batch(5))
-    assert trainer.reload_optimizer() == num_bytes
-    for index, (_, state) in enumerate(trainer._param_states()):
+    assert trainer.context.reload_optimizer() == num_bytes
+    for index, (_, state) in enumerate(trainer.context.param_states()):
         for key, value in before[index].items():
             assert state[key].dtype == value.dtype and torch.equal(state[key], value)
     for t in (trainer, twin):
         t.step(_batch(5))
     for name, p in trainer.state_dict_hf().items():
         assert torch.equal(p, twin.state_dict_hf()[name]), name
-    assert trainer.offload_optimizer() == num_bytes  # the host buffers are reused
-    assert trainer.reload_optimizer() == num_bytes
+    assert trainer.context.offload_optimizer() == num_bytes  # the host buffers are reused
+    assert trainer.context.reload_optimizer() == num_bytes
 
 
 def test_parameters_released_and_loaded_continue_bitwise() -> None:
@@ -354,14 +354,14 @@ def test_parameters_released_and_loaded_continue_bitwise() -> None:
     trainer.step(_batch(6))
     twin.step(_batch(6))
     snapshot = {k: v.clone() for k, v in trainer.state_dict_hf().items()}
-    assert trainer.release_temporary() == trainer.parameter_bytes()  # one gradient per parameter
-    released = trainer.release_parameters()
-    assert released == sum(v.numel() * 4 for v in snapshot.values()) and trainer.parameter_bytes() == 0
+    assert trainer.context.release_temporary() == trainer.context.parameter_bytes()  # one gradient per parameter
+    released = trainer.context.release_parameters()
+    assert released == sum(v.numel() * 4 for v in snapshot.values()) and trainer.context.parameter_bytes() == 0
     with pytest.raises(RuntimeError, match="released"):
         trainer.state_dict_hf()
     with pytest.raises(KeyError, match="missing"):
-        trainer.load_parameters({})
-    assert trainer.load_parameters(snapshot) == released
+        trainer.context.load_parameters({})
+    assert trainer.context.load_parameters(snapshot) == released
     trainer.step(_batch(7))
     twin.step(_batch(7))
     for name, p in trainer.state_dict_hf().items():
@@ -436,11 +436,11 @@ def _sharded_rank(rank: int, port: int, out: str, reshard_after_forward: bool) -
         for name, chunk in snapshot.items():  # this rank's chunk is the dp-sharded layout's box (GPS reads it)
             box = device_layout(_spec(full), [0, 1], trainer.parallelism).boxes(rank).get(name)
             assert torch.equal(chunk, full[name][box.slices()] if box else full[name][:0]), name
-        held = trainer.parameter_bytes()
+        held = trainer.context.parameter_bytes()
         assert held < sum(t.numel() * t.element_size() for t in full.values())  # a chunk, not the model
-        assert trainer.release_temporary() > 0 and trainer.release_parameters() == held
-        assert trainer.offload_optimizer() == 2 * held + 4 * len(snapshot)  # Adam moments of the chunks + steps
-        assert trainer.load_parameters(snapshot) == held and trainer.reload_optimizer() > 0
+        assert trainer.context.release_temporary() > 0 and trainer.context.release_parameters() == held
+        assert trainer.context.offload_optimizer() == 2 * held + 4 * len(snapshot)  # Adam moments of the chunks + steps
+        assert trainer.context.load_parameters(snapshot) == held and trainer.context.reload_optimizer() > 0
         stats.append(asdict(trainer.step(_share(_sharded_batch(1), rank))))
         torch.save({"params": trainer.state_dict_hf(), "stats": stats}, Path(out) / f"rank{rank}.pt")
         with pytest.raises(ValueError, match="micro-batches"):  # 1 vs 2 micro-batches: both ranks refuse
@@ -512,20 +512,20 @@ def test_optimizer_state_through_a_checkpoint_continues_bitwise(offloaded: bool,
     a.step(_batch(0))
     params = {n: t.detach().clone() for n, t in a.state_dict_hf().items()}
     if offloaded:
-        a.offload_optimizer()
+        a.context.offload_optimizer()
     save_trainer_state(tmp_path / "trainer.pt", a)
     if offloaded:
-        a.reload_optimizer()
+        a.context.reload_optimizer()
     b = GRPOTrainer(_model(seed=1), config)  # other initial parameters: everything comes from the files
-    b.load_parameters(params)
-    b.load_optimizer_state(load_trainer_state(tmp_path / "trainer.pt")["optimizer"])
+    b.context.load_parameters(params)
+    b.context.load_optimizer_state(load_trainer_state(tmp_path / "trainer.pt")["optimizer"])
     a.step(_batch(1))
     b.step(_batch(1))
     for (name, pa), pb in zip(a.state_dict_hf().items(), b.state_dict_hf().values(), strict=True):
         assert torch.equal(pa, pb), name
-    b.offload_optimizer()
+    b.context.offload_optimizer()
     with pytest.raises(RuntimeError, match="offloaded"):
-        b.load_optimizer_state(a.optimizer_state())
+        b.context.load_optimizer_state(a.context.optimizer_state())
 
 
 def test_a_non_finite_loss_skips_the_update() -> None:

@@ -52,6 +52,8 @@ class FakeBus:
         self.max_roles_held = 0
         self.trained_steps: list[int] = []
         self.trained_sequences = 0
+        self.validation_due: dict[int, int] = {}  # device -> the version its next Written is followed by Validated of
+        self.trainer_prepared: set[int] = set()
         self.out: deque[tuple[int, m.Message]] = deque()
         self.sent: list[tuple[int, m.Message]] = []
         self._answer = answer_ids or [7, 8, 9]
@@ -160,13 +162,25 @@ class FakeBus:
         self.trained_sequences += len(msg.response_ids)
         for response, logprobs in zip(msg.response_ids, msg.behaviour_logprobs, strict=True):
             assert logprobs == fake_logprobs(len(response)), "behaviour log-probs do not line up with the tokens"
-        self._reply(device, m.Trained, step=msg.step, stats={"loss": 0.0, "seconds": 0.01}, report=report)
+        assert not msg.validate_before or device not in self.trainer_prepared, "validated twice before step 0"
+        if msg.validate_after:
+            self.validation_due[device] = msg.step + 1
+        stats = {"loss": 0.0, "seconds": 0.01} | ({"eval_before": fake_validation(0)} if msg.validate_before else {})
+        self._reply(device, m.Trained, step=msg.step, stats=stats, report=report)
+
+    def _PrepareTraining(self, device: int, msg: m.PrepareTraining) -> None:
+        assert device not in self.trainer_prepared, f"the trainer of device {device} prepared twice"
+        self.trainer_prepared.add(device)
+        self._reply(device, m.TrainingReady, seconds=0.01, validation=fake_validation(0) if msg.validate else None)
 
     def _GpsWrite(self, device: int, msg: m.GpsWrite) -> None:
         assert msg.version == self.gps_version + (1 if device == 0 else 0) or msg.version == self.gps_version
         if device == 0:
             self.gps_version = msg.version
         self._reply(device, m.Written, late=True, version=msg.version, seconds=0.01)  # collective: may lag
+        if self.validation_due.get(device) == msg.version:  # a worker validates once the version is written
+            del self.validation_due[device]
+            self._reply(device, m.Validated, late=True, version=msg.version, validation=fake_validation(msg.version))
 
     def _StopTraining(self, device: int, msg: m.StopTraining) -> None:
         self.training_up.discard(device)
@@ -213,3 +227,10 @@ def _partial(seq_id: int, generated: list[int]) -> m.PartialSeq:
 def fake_logprobs(num_tokens: int) -> list[float]:
     """The fake engine's behaviour log-prob of the token at each position: ``-(position + 1) / 8``."""
     return [-(i + 1) / 8 for i in range(num_tokens)]
+
+
+def fake_validation(version: int) -> dict:
+    """A training device's share of a validation: one prompt, right when ``version`` is even."""
+    return {"num_prompts": 1, "greedy_correct": int(version % 2 == 0), "num_samples": 2, "sampled_correct": 1,
+            "version": version, "seconds": 0.01}
+

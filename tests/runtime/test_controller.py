@@ -230,3 +230,32 @@ def test_a_worker_that_never_stops_fails_the_shutdown_naming_its_wait(tokenizer,
     monkeypatch.setattr(FakeBus, "_Shutdown", lambda self, device, msg: None)  # no worker says Bye
     with pytest.raises(RunFailed, match=r"every worker to stop \(waits\.shutdown_s\)"):
         _run(DEPLOYMENTS["disaggregated"], tokenizer, num_steps=1, spec_kwargs={"shutdown_timeout_s": 0.2})
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+@pytest.mark.parametrize("name", ["colocated", "disaggregated", "pivotrl"])
+def test_validations_reach_their_steps_rows_in_order_whenever_they_arrive(name: str, prepared: bool,
+                                                                        tokenizer) -> None:
+    """The initial policy's validation (at start-up when the trainer is prepared, else inside step 0) and each later
+    one (sent after the version's Write, possibly after the next step's publication) land on their own step's
+    metrics row, every share counted once; rows go out in step order, and the run's time ends at the last
+    publication, before the last validation is in."""
+    num_steps = 4
+    cluster, bus = _run(DEPLOYMENTS[name], tokenizer, num_steps=num_steps, up_delay_seed=5,
+                        spec_kwargs={"eval_every": 2, "prepare_training": prepared,
+                                     "training_device_ids": DEPLOYMENTS[name].training_set(NUM_DEVICES)})
+    rows = cluster.rows  # type: ignore[attr-defined]
+    _check_accounting(cluster, bus, num_steps)
+    trainers = len(DEPLOYMENTS[name].training_set(NUM_DEVICES))
+    assert bus.trainer_prepared == (set(DEPLOYMENTS[name].training_set(NUM_DEVICES)) if prepared else set())
+    assert rows[0]["eval_before"] == {"version": 0, "num_prompts": trainers, "greedy_accuracy": 1.0, "k": 2,
+                                      "avg_at_k": 0.5, "seconds": 0.01}
+    assert all("eval_before" not in r for r in rows[1:])
+    assert [r["step"] for r in rows if "eval_after" in r] == [1, 3]  # every 2nd step and the last
+    for r in rows:
+        if "eval_after" in r:
+            assert r["eval_after"]["version"] == r["step"] + 1 and r["eval_after"]["num_prompts"] == trainers
+            assert r["eval_after"]["greedy_accuracy"] == float((r["step"] + 1) % 2 == 0)
+    assert cluster.rows_pending == 0 and cluster.finished_s is not None
+    assert cluster.finished_s <= cluster.clock.now()
+

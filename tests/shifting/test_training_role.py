@@ -9,7 +9,7 @@ import torch
 
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
 from pivotrl.shifting import RoleContextManager
-from pivotrl.shifting.adapters import TrainingRole
+from pivotrl.shifting.training import TrainingRole
 
 
 @dataclass
@@ -58,11 +58,11 @@ def test_training_shift_down_and_up_continues_bitwise() -> None:
     for t in (trainer, twin):
         t.step(_batch(0))
     source.write("policy", trainer.state_dict_hf())
-    params, state, grads = trainer.parameter_bytes(), trainer.optimizer_bytes(), trainer.gradient_bytes()
+    params, state, grads = trainer.context.parameter_bytes(), trainer.context.optimizer_bytes(), trainer.context.gradient_bytes()
     down = manager.shift_down(role)
     assert [(k.action, k.num_bytes) for k in down.kinds] == [
         ("discard", grads), ("discard", params), ("offload", state), ("keep", 0)]
-    assert trainer.parameter_bytes() == 0 and manager.role_on(0) is None and manager.role_on(1) is None
+    assert trainer.context.parameter_bytes() == 0 and manager.role_on(0) is None and manager.role_on(1) is None
     up = manager.shift_up(role, version=0)
     assert [(k.action, k.num_bytes) for k in up.kinds] == [
         ("allocate", 0), ("read", params), ("reload", state), ("keep", 0)]

@@ -24,7 +24,8 @@ from pivotrl.roles.reward import Reward, RewardConfig, RewardStats, genrm_messag
 from pivotrl.roles.tiny import TinyCheckpoints, ensure_tiny_checkpoints, load_tokenizer
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig
 from pivotrl.shifting import RoleContextManager
-from pivotrl.shifting.adapters import EngineRole, TrainingRole
+from pivotrl.shifting.adapters import EngineRole
+from pivotrl.shifting.training import TrainingRole
 
 pytestmark = pytest.mark.engine
 DEVICE = 0
@@ -164,7 +165,7 @@ def test_device_walks_rollout_reward_training_and_back(tmp_path: Path, gps: Glob
     version = gps.write("policy", (DEVICE,), ONE, {DEVICE: trainer.state_dict_hf()})
     stored = gps.read("policy", (DEVICE,), ONE).shards[DEVICE]
     assert version == gps.version("policy") == 1 and all(torch.equal(stored[n], trained[n]) for n in trained)
-    param_bytes, state_bytes = trainer.parameter_bytes(), trainer.optimizer_bytes()
+    param_bytes, state_bytes = trainer.context.parameter_bytes(), trainer.context.optimizer_bytes()
     down = manager.shift_down(training)
     assert down.kind("parameters").num_bytes == param_bytes and down.kind("offloadable").num_bytes == state_bytes
     assert state_bytes == 2 * param_bytes + 4 * len(trained)  # AdamW: exp_avg, exp_avg_sq, step
