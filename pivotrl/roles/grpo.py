@@ -209,7 +209,8 @@ def _check_per_token(values: Sequence[Sequence[float]], responses: Sequence[Sequ
             raise ValueError(f"{name}[{row}]: {len(v)} values for {len(r)} response tokens")
 
 
-def padded_values(values: Sequence[Sequence[float]], rows: list[int], response: torch.Tensor, name: str) -> torch.Tensor:
+def padded_values(values: Sequence[Sequence[float]], rows: list[int], response: torch.Tensor,
+                  name: str) -> torch.Tensor:
     """Per-token ``values`` of ``rows`` placed at a micro-batch's response positions (zeros elsewhere)."""
     out = torch.zeros(response.shape, dtype=torch.float32)
     for i, row in enumerate(rows):

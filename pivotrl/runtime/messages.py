@@ -196,7 +196,7 @@ class PrepareEngines(Message):
 class PrepareTraining(Message):
     """Build this training device's share of the trainer now (start-up: the FSDP set-up is collective over the
     training devices), validate the initial policy if ``validate`` (the run's "before step 0" validation), then
-    release its parameters (GPS holds them): the first training step pays a shift up, not a trainer build."""
+    release it as a shift down does (GPS holds the parameters): the first step pays a shift up, not a build."""
 
     kind: ClassVar[str] = "PrepareTraining"
     validate: bool
@@ -345,8 +345,8 @@ class WorkerError(WorkerMessage):
 
 MESSAGES: dict[str, type[Message]] = {cls.kind: cls for cls in (
     StartReplica, AddSequences, AbortSequences, StopReplica, LoadVersion, Train, GpsWrite, StopTraining, SavePolicy,
-    Shutdown, FitEngine, PrepareEngines, PrepareTraining, Progress, ReplicaUp, EngineFit, EnginesReady, ReplicaDown, Aborted, Reloaded,
-    Trained, Written, TrainingDown, Saved, Bye, TrainingReady, Validated, WorkerError)}
+    Shutdown, FitEngine, PrepareEngines, PrepareTraining, Progress, ReplicaUp, EngineFit, EnginesReady, ReplicaDown,
+    Aborted, Reloaded, Trained, Written, TrainingDown, Saved, Bye, TrainingReady, Validated, WorkerError)}
 
 
 # ---------------------------------------------------------------------- encoding and decoding

@@ -83,7 +83,8 @@ EngineRoleName = Literal["rollout", "reward"]
 MODEL_OF: dict[str, str] = {"rollout": "policy", "reward": "genrm"}  # GPS model a role serves
 _POLL_WAIT_S = 0.005  # longest wait for a message while a GPS write or a Progress report is pending
 _IDLE_WAIT_S = 0.2  # longest wait for a message with nothing pending (a message wakes the loop at once)
-_STARTUP = (FitEngine, PrepareEngines, PrepareTraining)  # start-up messages: their work is not paced (pacing.DevicePacer.reset)
+# start-up messages: their work is not paced (pacing.DevicePacer.reset)
+_STARTUP = (FitEngine, PrepareEngines, PrepareTraining)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
@@ -474,7 +475,8 @@ class Worker:
 
     def _prepare_training(self, msg: PrepareTraining) -> None:
         """Start-up: build the trainer (collective over the training devices), validate the initial policy if
-        asked, then free the parameters until the first step shifts training up (GPS holds them)."""
+        asked, then release it as a shift down does (gradients and parameters freed, optimizer state offloaded)
+        until the first step shifts training up (GPS holds the parameters)."""
         if self.device not in self.spec.training_device_ids:
             raise ValueError(f"PrepareTraining: device {self.device} is not a training device "
                              f"{self.spec.training_device_ids}")
@@ -486,8 +488,9 @@ class Worker:
             raise ValueError("PrepareTraining: a resumed trainer's parameters come from GPS at its first step; the "
                              "initial policy's validation belongs to a new run")
         validation = self._validate(0) if msg.validate else None
-        self._training.discard_temporary()
+        self._training.discard_temporary()  # as a shift down leaves it: the device holds none of it meanwhile
         self._training.discard_parameters()
+        self._training.offload()  # a resumed trainer's loaded optimizer state (a new one has none yet)
         self._send(TrainingReady, seconds=time.perf_counter() - start, validation=validation, paced=False)
 
     def _validate_if_written(self, *, force: bool = False) -> None:

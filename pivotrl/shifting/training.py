@@ -51,7 +51,8 @@ class TrainerContext:
 
     def optimizer_bytes(self) -> int:
         states = self._host_state.values() if self.is_optimizer_offloaded else self.optimizer.state.values()
-        return sum(sharding.local(t).numel() * t.element_size() for s in states for t in s.values() if torch.is_tensor(t))
+        return sum(sharding.local(t).numel() * t.element_size() for s in states for t in s.values()
+                   if torch.is_tensor(t))
 
     def gradient_bytes(self) -> int:
         return sum(sharding.local(p.grad).numel() * p.grad.element_size() for p in self.model.parameters()

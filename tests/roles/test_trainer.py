@@ -446,6 +446,10 @@ def _sharded_rank(rank: int, port: int, out: str, reshard_after_forward: bool) -
         with pytest.raises(ValueError, match="micro-batches"):  # 1 vs 2 micro-batches: both ranks refuse
             trainer.step(_batch(12, num_groups=1 + rank, group_size=2, drop=False))
         (Path(out) / f"refused{rank}").touch()
+        # both ranks done with every collective before either tears its groups down: a rank that destroyed its
+        # gloo pairs while its peer's were still in use aborted the peer at exit ("terminate called without an
+        # active exception", exit -6, once in a fresh-clone CI run)
+        dist.barrier()
     finally:
         if trainer is not None:
             trainer.close()
