@@ -312,7 +312,7 @@ class EngineReplica:
         if self.device_seconds is not None:
             latency_s = self.device_seconds(latency_s, time.thread_time() - cpu0)
         finished, new_token_ids, num_new = [], {}, 0
-        done: list[tuple[_InFlight, Any]] = []
+        done: list[tuple[int, _InFlight, Any]] = []
         scored: list[tuple[_InFlight, int]] = []  # sequences whose new tokens need behaviour log-probs
         rows: list[tuple[int, int, list[int], list[float], float]] = []
         for out in outputs:
@@ -328,7 +328,7 @@ class EngineReplica:
             new_token_ids[seq_id] = tuple(new_ids)
             num_new += len(new_ids)
             if out.finished:
-                done.append((seq, out))
+                done.append((seq_id, seq, out))
         if rows:  # one batched computation for the iteration (it is device work on every token)
             from pivotrl.roles.sampling import behaviour_logprobs_many
 
@@ -336,8 +336,7 @@ class EngineReplica:
             for seq, k in scored:
                 assert seq.logprobs is not None
                 seq.logprobs.extend(values[k])
-        for seq, out in done:
-            seq_id = int(out.request_id)
+        for seq_id, seq, out in done:
             del self._seqs[seq_id]
             self._seq_of_request.pop(seq.request_id, None)
             finished.append(FinishedSequence(seq_id=seq_id, prompt_ids=tuple(seq.prompt_ids),

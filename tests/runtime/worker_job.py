@@ -208,13 +208,18 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
         bus.send(device, StopReplica(replica_id=replica_id))
         box.take(device, ReplicaDown)
     rewards = {0: 1.0, 1: -1.0, 2: -0.5, 3: 0.5}
-    for device in (0, 1):
-        share = [s for s in prompts if group_of[s] == device]
-        bus.send(device, Train(step=0, prompt_ids=[prompts[s] for s in share],
-                               response_ids=[uninterrupted[s] for s in share],
-                               group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
-                               behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
-                               validate_after=False))
+
+    def train(step: int, *, validate_after: bool = False) -> None:
+        """Both devices train ``step`` on the uninterrupted responses, each its own group."""
+        for device in (0, 1):
+            share = [s for s in prompts if group_of[s] == device]
+            bus.send(device, Train(step=step, prompt_ids=[prompts[s] for s in share],
+                                   response_ids=[uninterrupted[s] for s in share],
+                                   group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
+                                   behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
+                                   validate_after=validate_after))
+
+    train(0)
     trained = [box.take(d, Trained) for d in (0, 1)]
     res["trained"] = [{"stats": t.stats, "report": t.report, "roles_held": t.roles_held} for t in trained]
     for device in (0, 1):
@@ -251,15 +256,6 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
 
     # 7. the next version is written while the step after it trains: each device reports the write as soon as it
     # is done, inside that step, not after it (the next rollouts wait for that version)
-    def train(step: int) -> None:
-        for device in (0, 1):
-            share = [s for s in prompts if group_of[s] == device]
-            bus.send(device, Train(step=step, prompt_ids=[prompts[s] for s in share],
-                                   response_ids=[uninterrupted[s] for s in share],
-                                   group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
-                                   behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
-                                   validate_after=False))
-
     train(1)
     for device in (0, 1):
         box.take(device, Trained)
@@ -291,13 +287,7 @@ def run_script(bus: ControllerBus, out: Path, tiny: Any) -> dict[str, Any]:
 
     # 9. a step that validates the version it publishes: the validation runs once the Write committed, so the
     # publication never waits for it (Trained, then Written, then Validated of that version)
-    for device in (0, 1):
-        share = [s for s in prompts if group_of[s] == device]
-        bus.send(device, Train(step=3, prompt_ids=[prompts[s] for s in share],
-                               response_ids=[uninterrupted[s] for s in share],
-                               group_ids=[group_of[s] for s in share], rewards=[rewards[s] for s in share],
-                               behaviour_logprobs=[logprobs[s] for s in share], validate_before=False,
-                               validate_after=True))
+    train(3, validate_after=True)
     validated: dict[int, list] = {0: [], 1: []}
     for device in (0, 1):
         box.take(device, Trained)
