@@ -44,6 +44,9 @@ class Deployment:
     def on_drained(self, cp: ControlPlane, role: InferenceRole) -> None:
         pass
 
+    def on_stranded(self, cp: ControlPlane, role: InferenceRole) -> None:
+        """Work arrived at ``role`` while it has no replica (none starting): only a shift can serve it."""
+
     def on_batch_ready(self, cp: ControlPlane, step: int) -> None:
         pass
 

@@ -144,9 +144,18 @@ class ControlPlane:
             self.events.emit_at(now, "staleness_wait", step=step, from_s=self._held_since)
             self._held_since = None
         self.events.emit("released", step=step)
-        self.drivers["rollout"].submit(self.backend.rollouts(step))
+        self._submit("rollout", self.backend.rollouts(step))
         self.deployment.on_released(self, step)
         return True
+
+    def _submit(self, role: InferenceRole, seqs: list[tuple[int, int]]) -> None:
+        """Sequences join ``role``'s queue; work arriving where the role has no replica, none starting and no
+        other work tells the deployment (``on_stranded``: once per such episode, not once per sequence)."""
+        driver = self.drivers[role]
+        stranded = not driver.replicas and not self._starting[role] and driver.num_live == 0
+        driver.submit(seqs)
+        if stranded:
+            self.deployment.on_stranded(self, role)
 
     def release_all(self) -> None:
         while self.release_next():
@@ -245,7 +254,7 @@ class ControlPlane:
         ledger = self.ledger
         if role == "rollout":
             ledger.rollout_finished(seq_id)
-            self.drivers["reward"].submit([(seq_id, self.backend.judgement_prompt_tokens(seq_id))])
+            self._submit("reward", [(seq_id, self.backend.judgement_prompt_tokens(seq_id))])
             if self.drivers["rollout"].num_live == 0:
                 self.deployment.on_drained(self, "rollout")
         else:

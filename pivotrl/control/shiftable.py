@@ -1,9 +1,9 @@
 """Resource-shiftable deployment: a planner strategy moves devices between roles (paper §4, §7).
 
 The monitor snapshots the workload (``monitor.snapshot``) and the strategy's ``plan`` decides at
-once when a batch becomes ready, a policy version is published or training frees its devices, and
-otherwise every ``tick_s`` seconds; after each decision not to shift the interval doubles, up to
-``max_tick_s`` (the tick policy: it saves planner calls in steady phases and is reset by every
+once when a batch becomes ready, a policy version is published, training frees its devices or work
+arrives at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds; after
+each decision not to shift the interval doubles, up to ``max_tick_s`` (the tick policy: it saves planner calls in steady phases and is reset by every
 shift and every event above). The executor (``executor.PlanExecutor``) carries a plan out; while
 it is busy the planner is not consulted, and the deferred tick runs when it becomes idle.
 
@@ -88,6 +88,9 @@ class Shiftable(Deployment):
 
     def on_batch_ready(self, cp: ControlPlane, step: int) -> None:
         self.request_tick()
+
+    def on_stranded(self, cp: ControlPlane, role: InferenceRole) -> None:
+        self.request_tick()  # the role's work waits for a shift: decide now, not at the backed-off tick
 
     def on_training_started(self, cp: ControlPlane) -> None:
         self._exec.training_started()

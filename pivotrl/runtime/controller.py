@@ -32,7 +32,7 @@ from pivotrl.runtime import messages as m
 from pivotrl.runtime.book import RolloutBook
 from pivotrl.runtime.clock import WallClock
 from pivotrl.runtime.metrics import step_row, validation
-from pivotrl.scheduler import ThroughputModel
+from pivotrl.scheduler import ThroughputModel, slots
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -564,6 +564,7 @@ class RuntimeCluster:
             self.prepare_engines()
         if self.spec.prepare_training:
             self.prepare_training()
+        slots.warm_up()  # the scheduler's and the planner's compiled loops, loaded before the clock starts
         self.startup_s = self.clock.restart()  # the run's time counts from its first placement
         for fit in self.engine_fits:
             fit["time_s"] -= self.startup_s

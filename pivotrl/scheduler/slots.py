@@ -26,7 +26,7 @@ from pivotrl._numba import njit
 
 __all__ = ["NUM_CONSTS", "NUM_TERMS", "A", "B", "C", "D", "CAP", "N", "T", "N1", "BASE", "TP", "FREE",
            "new_arrays", "slot_terms", "set_slot", "change_slot", "remove_slot", "dispatch",
-           "migrate", "total_throughput"]
+           "migrate", "total_throughput", "warm_up"]
 
 A, B, C, D, CAP = range(5)  # rows of ``consts``
 N, T, N1, BASE, TP, FREE = range(6)  # rows of ``state``
@@ -187,3 +187,22 @@ def migrate(consts: np.ndarray, state: np.ndarray, headroom: float, tokens: np.n
         change_slot(consts, state, headroom, src, 1.0, tokens[r])  # a refused move restores the slot
         return k
     return out_moves.shape[0]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every signature the scheduler and the planner's replay call, on
+    two-slot arrays. A process that schedules in real time calls it before its clock starts: the first compile
+    takes seconds and a cache load tenths of one, which the first Dispatch or candidate replay would pay mid-run.
+    Dispatch and the throughput sum also run on the F-order arrays that selecting slots with a mask gives
+    (``consts[:, mask]``, the replay of a shift down)."""
+    consts, state = new_arrays(2)
+    consts[:, :] = np.array([[1e-4], [0.02], [1e-3], [0.0], [1e4]])
+    for s in range(2):
+        set_slot(consts, state, 0.0, s, 0.0, 0.0)
+    change_slot(consts, state, 0.0, 0, 1.0, 10.0)
+    migrate(consts, state, 0.0, np.array([5.0, 7.0, 10.0]), np.array([0, 1, 0], np.int64), 1e-9,
+            np.empty((4, 3), np.int64))
+    for c, st in ((consts, state), (np.asfortranarray(consts), np.asfortranarray(state))):
+        dispatch(c, st, 0.0, np.ones(2, dtype=bool), np.array([5.0, 7.0]), np.empty(2, np.int64))
+        total_throughput(st)
+    remove_slot(state, 1)
