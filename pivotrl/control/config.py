@@ -19,7 +19,7 @@ __all__ = ["DeploymentConfig", "DeploymentKind", "DEPLOYMENT_KINDS", "STRATEGIES
 
 DeploymentKind = Literal["colocated", "disaggregated", "rr_colocated", "shiftable"]
 DEPLOYMENT_KINDS: tuple[str, ...] = ("colocated", "disaggregated", "rr_colocated", "shiftable")
-STRATEGIES: tuple[str, ...] = ("pivotrl", "static", "rule", "vanilla", "model", "chaos")
+STRATEGIES: tuple[str, ...] = ("pivotrl", "static", "rule", "vanilla", "model", "chaos", "critical")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -183,6 +183,8 @@ class Shiftable(Deployment):
 
     def snapshot(self) -> WorkloadState:
         cp = self._plane
+        ledger = cp.ledger
+        step = ledger.next_train_step
         return snapshot(cp.backend, cp.drivers, training_device_ids=self.training,
-                        training_active=self._exec.training_active,
-                        next_batch_ready=cp.ledger.batch_ready(cp.ledger.next_train_step), time_s=cp.now)
+                        training_active=self._exec.training_active, next_batch_ready=ledger.batch_ready(step),
+                        time_s=cp.now, critical=ledger.seq_ids(step) if step < ledger.released else range(0))

@@ -17,6 +17,8 @@ Where the paper is silent we decide as follows:
   replicas. Blocks made only of free devices form two φ = 0 pairs: one on the training device set
   (idle training devices), one elsewhere (idle devices).
 * Pairs are sorted by ascending φ, ties by their first block.
+* ``protected`` replicas are never donors: a block on one is not eligible (a strategy's choice; the
+  paper's planner protects none).
 
 Invariant: pairs are disjoint (no block and no donor replica is in two pairs), every block's
 devices are free or held by the pair's own donor replicas, and block devices never hold an
@@ -25,7 +27,7 @@ up-role replica.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping
 
 from pivotrl.planner.state import DeviceInfo, InferenceRole, ReplicaState, WorkloadState
 
@@ -79,11 +81,12 @@ def device_blocks(devices: Iterable[DeviceInfo], tp: int) -> list[tuple[int, ...
 
 
 def build_pairs(state: WorkloadState, up_role: InferenceRole, *, tau_shift_s: Mapping[InferenceRole, float],
-                replica_throughput: Callable[[ReplicaState], float]) -> ShiftPairs:
-    """Shift pairs for ``up_role``, sorted by ascending penalty."""
+                replica_throughput: Callable[[ReplicaState], float],
+                protected: Collection[int] = ()) -> ShiftPairs:
+    """Shift pairs for ``up_role``, sorted by ascending penalty; ``protected`` replica ids never shift down."""
     owner = {r.replica_id: r for r in state.replicas}
     training = set(state.training_device_ids)
-    blocks, donors = _eligible_blocks(state, up_role, owner, training)
+    blocks, donors = _eligible_blocks(state, up_role, owner, training, frozenset(protected))
     groups = _components(donors)
     pairs: list[tuple[float, int, tuple[int, ...], tuple[int, ...]]] = []
     for members in groups:
@@ -102,7 +105,8 @@ def build_pairs(state: WorkloadState, up_role: InferenceRole, *, tau_shift_s: Ma
 
 
 def _eligible_blocks(state: WorkloadState, up_role: InferenceRole, owner: Mapping[int, ReplicaState],
-                     training: set[int]) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+                     training: set[int], protected: frozenset[int]) -> tuple[list[tuple[int, ...]],
+                                                                               list[tuple[int, ...]]]:
     """Eligible blocks and, per block, the donor replicas on it."""
     blocks: list[tuple[int, ...]] = []
     donors: list[tuple[int, ...]] = []
@@ -113,7 +117,7 @@ def _eligible_blocks(state: WorkloadState, up_role: InferenceRole, owner: Mappin
             if rid is None:
                 if state.training_active and d in training:
                     break
-            elif owner[rid].role == up_role:
+            elif owner[rid].role == up_role or rid in protected:
                 break
             else:
                 on_block.add(rid)

@@ -87,6 +87,10 @@ class FiveStepPlanner(Strategy):
     def role_models(self, state: WorkloadState, max_new: Mapping[InferenceRole, int]) -> dict[InferenceRole, RoleModel]:
         """Per-role simulators of the snapshot, able to start up to ``max_new[role]`` replicas."""
 
+    def protected_replicas(self, state: WorkloadState, up_role: InferenceRole) -> frozenset[int]:
+        """Replica ids that no inference shift may take down (the paper's planner: none)."""
+        return frozenset()
+
     def plan(self, state: WorkloadState) -> Decision:
         check_state(state)
         t0 = self.clock()
@@ -95,7 +99,8 @@ class FiveStepPlanner(Strategy):
         if up_role == "training":
             return self._plan_training(state, tau, t0)
         pairs = None if up_role is None else build_pairs(state, up_role, tau_shift_s=tau,
-                                                         replica_throughput=self.replica_throughput)
+                                                         replica_throughput=self.replica_throughput,
+                                                         protected=self.protected_replicas(state, up_role))
         t1 = self.clock()
         if pairs is None:
             return self._no_shift(state, up_role, t0, t1)

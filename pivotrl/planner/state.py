@@ -112,6 +112,9 @@ class WorkloadState:
     replicas: tuple[ReplicaState, ...]
     roles: Mapping[InferenceRole, RoleState]
     time_s: float = 0.0
+    # the live sequences the next training step waits for (its unfinished rollouts and judgements; the
+    # monitor fills it from the step ledger); empty when the snapshot does not say
+    critical_seq_ids: frozenset[int] = frozenset()
     _replica_of_device: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -162,3 +165,14 @@ class WorkloadState:
 
     def throughput(self, role: InferenceRole) -> float:
         return sum(r.throughput for r in self.replicas_of(role))
+
+    def holds_critical(self, replica: ReplicaState) -> bool:
+        """Whether ``replica`` runs a sequence the next training step waits for."""
+        crit = self.critical_seq_ids
+        return bool(crit) and any(s.seq_id in crit for s in replica.sequences)
+
+    def critical_work(self, role: InferenceRole) -> bool:
+        """Whether the role runs or queues a sequence the next training step waits for."""
+        crit = self.critical_seq_ids
+        return bool(crit) and (any(self.holds_critical(r) for r in self.replicas_of(role))
+                               or any(s.seq_id in crit for s in self.roles[role].waiting))

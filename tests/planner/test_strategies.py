@@ -16,11 +16,12 @@ def with_flags(state: WorkloadState, **flags) -> WorkloadState:
 
 
 def test_registry():
-    assert sorted(STRATEGIES) == ["chaos", "model", "pivotrl", "rule", "static", "vanilla"]
+    assert sorted(STRATEGIES) == ["chaos", "critical", "model", "pivotrl", "rule", "static", "vanilla"]
     for name in STRATEGIES:
         strategy = make_strategy(name)
         assert isinstance(strategy, Strategy) and strategy.name == name
-    with pytest.raises(ValueError, match="allowed: \\['chaos', 'model', 'pivotrl', 'rule', 'static', 'vanilla'\\]"):
+    allowed = "allowed: \\['chaos', 'critical', 'model', 'pivotrl', 'rule', 'static', 'vanilla'\\]"
+    with pytest.raises(ValueError, match=allowed):
         make_strategy("greedy")
     with pytest.raises(ValueError, match="unknown config field"):
         make_strategy("rule", horizon_s=3.0)

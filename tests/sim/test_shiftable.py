@@ -110,3 +110,23 @@ def test_work_arriving_where_its_role_has_no_replica_is_planned_for_at_once() ->
     assert first_judgement == pytest.approx(min(arrivals), abs=1e-9)
     state, decision = next((s, d) for s, d in spy.decisions if s.time_s == first_judgement)
     assert not state.replicas_of("reward") and decision.up_role == "reward" and decision.plan is not None
+
+
+def test_the_snapshot_names_the_next_training_steps_live_work() -> None:
+    dep = DeploymentConfig(kind="shiftable", strategy="critical", training_devices=2)
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=dep)
+    controller = make_deployment(cfg)
+    spy = Spy(controller.strategy)
+    controller.strategy = spy
+    sim = Simulator(cfg, controller)
+    sim.run()
+    per_step = sim.plane.ledger.seqs_per_step
+    named = 0
+    for state, _ in spy.decisions:
+        live = [s.seq_id for r in state.replicas for s in r.sequences]
+        live += [s.seq_id for role in state.roles.values() for s in role.waiting]
+        if state.critical_seq_ids:
+            named += 1
+            oldest = min(i // per_step for i in live)  # no older step is live: it trained already
+            assert state.critical_seq_ids == {i for i in live if i // per_step == oldest}
+    assert named  # decisions were taken while the next step's work ran

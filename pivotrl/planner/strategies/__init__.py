@@ -2,7 +2,8 @@
 
 ``pivotrl``: the five-step planner (§7); ``static``: lend idle training devices, split evenly;
 ``rule``: KV-utilization thresholds; ``vanilla``: busy/idle replica throughput, no migration;
-``model``: throughput model, no migration; ``chaos``: random valid plans (tests and stress runs).
+``model``: throughput model, no migration; ``critical``: ``pivotrl`` never shifting away the next training
+step's unfinished work (beyond the paper); ``chaos``: random valid plans (tests and stress runs).
 ``make_strategy(name, **config)`` builds one from its
 config dataclass's fields.
 """
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 
 from pivotrl.planner.decision import Strategy
 from pivotrl.planner.strategies.chaos import ChaosConfig, ChaosStrategy
+from pivotrl.planner.strategies.critical import CriticalPathPlanner
 from pivotrl.planner.strategies.model import ModelPlanner
 from pivotrl.planner.strategies.pivotrl import PivotRLPlanner
 from pivotrl.planner.strategies.rule import RuleConfig, RuleStrategy
@@ -21,10 +23,11 @@ from pivotrl.planner.strategies.static import StaticConfig, StaticStrategy
 from pivotrl.planner.strategies.vanilla import VanillaPlanner
 
 __all__ = ["STRATEGIES", "make_strategy", "PivotRLPlanner", "ModelPlanner", "VanillaPlanner", "StaticStrategy",
-           "StaticConfig", "RuleStrategy", "RuleConfig", "ChaosStrategy", "ChaosConfig"]
+           "StaticConfig", "RuleStrategy", "RuleConfig", "ChaosStrategy", "ChaosConfig", "CriticalPathPlanner"]
 
 STRATEGIES: Mapping[str, type[Strategy]] = MappingProxyType({
-    cls.name: cls for cls in (PivotRLPlanner, StaticStrategy, RuleStrategy, VanillaPlanner, ModelPlanner, ChaosStrategy)
+    cls.name: cls for cls in (PivotRLPlanner, StaticStrategy, RuleStrategy, VanillaPlanner, ModelPlanner, ChaosStrategy,
+                                  CriticalPathPlanner)
 })
 
 
