@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pivotrl.planner import DeviceInfo, ReplicaState, RoleState, SequenceInfo, WorkloadState, make_strategy
-from pivotrl.planner import validate_plan
+from pivotrl.planner import PlannerConfig, build_pairs, validate_plan
+from pivotrl.planner.planner import tau_shift_of
 from pivotrl.planner.synthetic import fig8_state, random_state
 
 
@@ -46,6 +47,10 @@ def test_no_inference_shift_takes_down_a_replica_running_critical_work(seed, sha
         starving = not state.replicas_of(up) and state.critical_work(up)
         taken = [rid for rid in cand.plan.down_replica_ids if state.holds_critical(by_id[rid])]
         assert not taken or starving, (taken, up)
+        if taken:  # only when no block could come up without a protected replica
+            protected = [r.replica_id for r in state.replicas if r.role != up and state.holds_critical(r)]
+            assert not build_pairs(state, up, tau_shift_s=tau_shift_of(state, PlannerConfig()),
+                                   replica_throughput=lambda r: r.throughput, protected=protected).pairs
     if decision.up_role == "training":
         assert decision.plan == make_strategy("pivotrl").plan(state).plan
 
@@ -85,8 +90,14 @@ def test_the_oldest_steps_last_rollout_keeps_its_replica():
     assert make_strategy("critical").plan(dataclasses.replace(state, critical_seq_ids=frozenset())).plan == paper.plan
 
 
-def test_a_starving_role_with_critical_work_is_served_as_the_paper_does():
+def test_a_starving_role_with_critical_work_is_served_from_unprotected_devices_first():
     state = _two_rollouts_and_a_judgement_queue(frozenset({7, 30}))  # judgement 30 waits, critical
-    no_genrm = dataclasses.replace(state, replicas=state.replicas[:2], devices=state.devices)
+    no_genrm = dataclasses.replace(state, replicas=state.replicas[:2])
     assert not no_genrm.replicas_of("reward") and no_genrm.critical_work("reward")
-    assert make_strategy("critical").plan(no_genrm).plan == make_strategy("pivotrl").plan(no_genrm).plan
+    mine = make_strategy("critical").plan(no_genrm)
+    assert mine.plan is not None and 10 not in mine.plan.down_replica_ids  # device 2 is idle; 11 may go too
+    # every rollout replica runs critical work and no device is idle: served as the paper does
+    both = dataclasses.replace(no_genrm, critical_seq_ids=frozenset({7, 40, 30}), devices=no_genrm.devices[:2],
+                               training_device_ids=())
+    paper = make_strategy("pivotrl").plan(both)
+    assert paper.plan is not None and make_strategy("critical").plan(both).plan == paper.plan

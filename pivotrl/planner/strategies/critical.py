@@ -12,7 +12,8 @@ emulated devices, long-tailed workload, docs/runtime.md): each step's last rollo
 Rule: a replica running a sequence of ``WorkloadState.critical_seq_ids`` is protected: no inference shift takes
 it down (step 2 leaves its devices out of every pair), so the up role is served from replicas that run only
 newer steps' work, or from idle devices. One exception keeps the rule from deadlocking the critical path: when
-the up role itself has critical work and no replica, nothing is protected (the plan then is the paper's).
+the up role itself has critical work and no replica, and no device can come up without a protected replica
+shifting down, nothing is protected (the plan then is the paper's).
 Training's shift up is unchanged (its device set is fixed, §7.2). With no critical ids in the snapshot the
 decisions are ``pivotrl``'s exactly (a test checks it).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pivotrl.planner.pairs import build_pairs
+from pivotrl.planner.planner import tau_shift_of
 from pivotrl.planner.state import InferenceRole, WorkloadState
 from pivotrl.planner.strategies.pivotrl import PivotRLPlanner
 
@@ -34,7 +37,12 @@ class CriticalPathPlanner(PivotRLPlanner):
     def protected_replicas(self, state: WorkloadState, up_role: InferenceRole) -> frozenset[int]:
         if not state.critical_seq_ids:
             return frozenset()
-        if not state.replicas_of(up_role) and state.critical_work(up_role):
-            return frozenset()  # the critical path waits at the up role itself: serve it as the paper does
         donor: InferenceRole = "reward" if up_role == "rollout" else "rollout"
-        return frozenset(r.replica_id for r in state.replicas_of(donor) if state.holds_critical(r))
+        protected = frozenset(r.replica_id for r in state.replicas_of(donor) if state.holds_critical(r))
+        if protected and not state.replicas_of(up_role) and state.critical_work(up_role):
+            # the critical path waits at the up role itself: serve it, from unprotected devices where any can come up
+            pairs = build_pairs(state, up_role, tau_shift_s=tau_shift_of(state, self.config),
+                                replica_throughput=self.replica_throughput, protected=protected)
+            if not pairs.pairs:
+                return frozenset()
+        return protected
