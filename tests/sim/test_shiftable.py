@@ -130,3 +130,25 @@ def test_the_snapshot_names_the_next_training_steps_live_work() -> None:
             oldest = min(i // per_step for i in live)  # no older step is live: it trained already
             assert state.critical_seq_ids == {i for i in live if i // per_step == oldest}
     assert named  # decisions were taken while the next step's work ran
+
+
+@pytest.mark.parametrize("shift_up_migration", [True, False])
+def test_critical_can_keep_running_sequences_in_place_on_a_shift_up(shift_up_migration: bool, monkeypatch) -> None:
+    from pivotrl.control.driver import RoleDriver
+
+    calls = []
+    add = RoleDriver.add_replicas
+
+    def spy(self, backends, *, migrate=True):
+        if self.scheduler.num_running:  # a shift up while sequences run (not the initial placement)
+            calls.append(migrate)
+        return add(self, backends, migrate=migrate)
+
+    monkeypatch.setattr(RoleDriver, "add_replicas", spy)
+    dep = DeploymentConfig(kind="shiftable", strategy="critical", training_devices=2,
+                           strategy_cfg={"shift_up_migration": shift_up_migration})
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=dep)
+    sim = Simulator(cfg, make_deployment(cfg))
+    result = sim.run()
+    assert result.num_shifts and calls and set(calls) == {shift_up_migration}
+    assert sum(rt.discarded_tokens for rt in sim.roles.values()) == 0  # a shift down still migrates (Alg. 3)

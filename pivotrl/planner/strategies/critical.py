@@ -16,23 +16,48 @@ the up role itself has critical work and no replica, and no device can come up w
 shifting down, nothing is protected (the plan then is the paper's).
 Training's shift up is unchanged (its device set is fixed, §7.2). With no critical ids in the snapshot the
 decisions are ``pivotrl``'s exactly (a test checks it).
+
+``shift_up_migration`` (default true, as the paper): whether a shift up runs Alg. 4's migration loop after
+draining the queue into the new replicas. Off, running sequences stay where they are (a shift down still
+migrates what it aborts, Alg. 3): Alg. 4 moves the shortest sequences first, which are the ones just
+dispatched, often the oldest step's last rollouts, and prices no re-prefill.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from pivotrl.planner.pairs import build_pairs
-from pivotrl.planner.planner import tau_shift_of
+from pivotrl.planner.planner import PlannerConfig, tau_shift_of
 from pivotrl.planner.state import InferenceRole, WorkloadState
 from pivotrl.planner.strategies.pivotrl import PivotRLPlanner
 
-__all__ = ["CriticalPathPlanner"]
+__all__ = ["CriticalConfig", "CriticalPathPlanner"]
+
+
+@dataclass(kw_only=True, slots=True)
+class CriticalConfig(PlannerConfig):
+    """The planner's knobs and whether a shift up migrates running sequences (Alg. 4's loop)."""
+
+    shift_up_migration: bool = True
+
+    def __post_init__(self) -> None:
+        super(CriticalConfig, self).__post_init__()
+        if not isinstance(self.shift_up_migration, bool):
+            raise ValueError(f"critical.shift_up_migration must be true or false, got {self.shift_up_migration!r}")
 
 
 class CriticalPathPlanner(PivotRLPlanner):
-    """``make_strategy("critical", horizon_s=60.0, ...)``: ``pivotrl`` with the critical path protected."""
+    """``make_strategy("critical", horizon_s=60.0, shift_up_migration=True, ...)``: ``pivotrl`` with the critical
+    path protected."""
 
     name: ClassVar[str] = "critical"
+    Config: ClassVar[type] = CriticalConfig
+
+    def __init__(self, config: CriticalConfig | None = None, **kwargs: object) -> None:
+        super().__init__(config or CriticalConfig(), **kwargs)  # type: ignore[arg-type]
+        # the executor reads ``migration`` for a shift up's Alg. 4 loop; a shift down always migrates (Alg. 3)
+        self.migration = self.config.shift_up_migration  # type: ignore[attr-defined,misc]
 
     def protected_replicas(self, state: WorkloadState, up_role: InferenceRole) -> frozenset[int]:
         if not state.critical_seq_ids:
