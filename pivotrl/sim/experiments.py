@@ -1,7 +1,8 @@
 """The paper's experiments on the simulator (§8.2-§8.6): ``python -m pivotrl.sim.experiments NAME``.
 
 ``fig9`` end-to-end tokens/s of 4 model groups × 4 deployments (baselines and PivotRL each tuned
-by grid search, ``runner.allocations``) beside the fluid bound; ``fig10`` allocation and
+by grid search, ``runner.allocations``) beside the fluid bound, and the ``critical`` strategy (beyond the
+paper, tuned the same way) beside PivotRL; ``fig10`` allocation and
 throughput timeline of one run; ``fig11`` strategies and components; ``fig14`` the horizon H;
 ``tab2`` planner time per decision at 16-128 devices; ``tab3`` per-sequence migration time.
 Each prints a table, saves a PNG under ``--out`` (default ./runs/sim/) and with ``--json`` prints
@@ -27,6 +28,7 @@ from pivotrl.sim.workload import Workload
 __all__ = ["main", "EXPERIMENTS"]
 
 KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
+BEYOND = ("critical",)  # strategies beyond the paper, run beside ``pivotrl`` (pivotrl/planner/strategies)
 
 
 def _scenario(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
@@ -38,8 +40,8 @@ def _scenario(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
 
 
 def _base(kind: str, **kw: Any) -> DeploymentConfig:
-    if kind == "pivotrl":
-        return DeploymentConfig(kind="shiftable", strategy="pivotrl", **kw)
+    if kind == "pivotrl" or kind in BEYOND:
+        return DeploymentConfig(kind="shiftable", strategy=kind, **kw)
     return DeploymentConfig(kind=kind, **kw)  # type: ignore[arg-type]
 
 
@@ -78,17 +80,20 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
     for key in args.groups or list(SCENARIOS):
         sc = _scenario(key, args)
         wl = Workload.sample(sc.workload, args.seed)
-        best = {k: _best(sc, _base(k), args, wl) for k in KINDS}
+        best = {k: _best(sc, _base(k), args, wl) for k in KINDS + BEYOND}
         tps = {k: r.tps for k, r in best.items()}
         bound = fluid_bound(sc, wl).tps
         groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound})
         ref = paper.FIG9_TPS[key]
-        rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS] + [round(bound)]
+        static = max(tps[k] for k in KINDS[:3])
+        rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS + BEYOND] + [round(bound)]
                     + [tps["pivotrl"] / tps[k] for k in KINDS[:3]] + [ref["pivotrl"] / ref[k] for k in KINDS[:3]]
-                    + [tps["pivotrl"] / bound, " ".join(_alloc(best[k]) for k in KINDS[1:])])
-    _table(["group", "N", "coloc", "disagg", "rr", "pivotrl", "fluid", "x coloc", "x disagg", "x rr",
-            "paper x coloc", "paper x disagg", "paper x rr", "pivotrl/fluid", "disagg rr pivotrl"], rows)
-    plots.bars([g["name"] for g in groups], {k: [g["tps"][k] for g in groups] for k in KINDS},
+                    + [tps["pivotrl"] / bound, tps["critical"] / static, tps["critical"] / bound,
+                       " ".join(_alloc(best[k]) for k in KINDS[1:] + BEYOND)])
+    _table(["group", "N", "coloc", "disagg", "rr", "pivotrl", "critical", "fluid", "x coloc", "x disagg", "x rr",
+            "paper x coloc", "paper x disagg", "paper x rr", "pivotrl/fluid", "critical x best", "critical/fluid",
+            "disagg rr pivotrl critical"], rows)
+    plots.bars([g["name"] for g in groups], {k: [g["tps"][k] for g in groups] for k in KINDS + BEYOND},
                args.out / "fig9.png", "tokens/s", "Fig. 9 (simulated)", [g["fluid_bound"] for g in groups])
     return {"groups": groups}
 
@@ -130,7 +135,7 @@ def fig11(args: argparse.Namespace) -> dict[str, Any]:
     and components (vanilla, model, pivotrl: each with its own best training set) vs disaggregated."""
     out: dict[str, Any] = {}
     rows = []
-    names = ["static", "rule", "vanilla", "model", "pivotrl"]
+    names = ["static", "rule", "vanilla", "model", "pivotrl", *BEYOND]
     for key in ("7B+30B", "1.5B+9B"):
         sc = _scenario(key, args)
         wl = Workload.sample(sc.workload, args.seed)
@@ -141,7 +146,7 @@ def fig11(args: argparse.Namespace) -> dict[str, Any]:
         res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
         res += [_best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in names[2:]]
         out[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(names, res)}
-        rows += [[key, n, out[key][n], paper.FIG11_RATIO[key][n], "-" if r is None else _alloc(r)]
+        rows += [[key, n, out[key][n], paper.FIG11_RATIO[key].get(n, "-"), "-" if r is None else _alloc(r)]
                  for n, r in zip(names, res)]
     _table(["group", "strategy", "x disaggregated", "paper", "allocation"], rows)
     plots.bars(names, {k: [out[k][n] for n in names] for k in out}, args.out / "fig11.png",

@@ -15,6 +15,6 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert last == json.loads(json.dumps(data))
     (group,) = last["groups"]
     assert group["name"] == "Qwen2.5-7B & Qwen3-30B-A3B" and group["devices"] == 32
-    assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl"}
+    assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
     assert (tmp_path / "fig9.png").stat().st_size > 0
