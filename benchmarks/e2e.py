@@ -15,6 +15,13 @@ rollout steps (the same model and batch, ``lone_engine_tps``); end-to-end effici
 tok/s / the lone engine's. Per deployment also: the seconds the staleness bound held rollouts back, and
 how well each role's fitted throughput model (profile or cache, then refits) predicts the run's own engine
 iterations (median and p90 relative error). ``--json`` prints ``{"tps": {...}, "efficiency": {...}, ...}`` as the last line.
+
+``--tuned`` runs every allocation of colocated, disaggregated, rr_colocated, PivotRL (``pivotrl``) and the
+critical-path strategy (``critical``) at each device count and prints, per deployment, its best allocation's
+tokens/s, the ratio to the best static deployment, where device time went, and the run's pace (median ms per
+rollout iteration at 1-2 sequences, from its event record). Runs minutes apart on a shared CPU machine drift by
+10-30 % in pace, so ``tokens_per_iteration`` (tok/s x pace) is printed beside tok/s as the drift-free figure.
+Last line: ``{"devices": {"8": {"tps", "best", "breakdown", "tried", "tokens_per_iteration"}, ...}}``.
 """
 from __future__ import annotations
 
@@ -133,26 +140,36 @@ def tuned(args: argparse.Namespace) -> int:
                         continue
                     s = job.summary
                     tried.setdefault(name, {})[label] = s["tps"]
-                    print(f"{n} devices {name:<14} {label:<8} {s['tps']:8.1f} tok/s  {s['seconds']:6.1f} s", flush=True)
+                    record = summarize(read_events(job.folder))  # the run's event record (pivotrl.report)
+                    pace = record["small_batch_iteration_ms"]["rollout"]
+                    print(f"{n} devices {name:<14} {label:<8} {s['tps']:8.1f} tok/s  {s['seconds']:6.1f} s  "
+                          f"pace {_ms(pace)} ms/iteration", flush=True)
                     if s["tps"] > tps.get(name, 0.0):
                         tps[name], best[name] = s["tps"], label
                         t = s["time_breakdown"]
-                        record = summarize(read_events(job.folder))  # the run's event record (pivotrl.report)
                         breakdown[name] = {**t, "shifts_by_role": s["shifts_by_role"],
                                            "held_device_s": record["device_s_by_state"],
                                            "engine_device_s": record["engine_device_s"],
+                                           "pace_ms": pace,
                                            "run_folder": str(job.folder) if args.keep else None,
                                            "staleness_wait_s": s["staleness_waits"]["seconds"],
                                            "paced_s": s["cpu"].get("paced_s", 0.0),
                                            "startup_s": s.get("startup_s", 0.0),
                                            "engine_start_s": sum(v.get("engine_start_s", 0.0)
                                                                  for v in s["shifts_by_role"].values())}
-            report[str(n)] = {"tps": tps, "best": best, "breakdown": breakdown, "tried": tried}
+            # tokens per single-sequence rollout iteration: tok/s times the run's own pace (the machine's speed while
+            # it ran), the figure that compares runs taken minutes apart on a machine whose speed drifts
+            paced = {k: v * breakdown[k]["pace_ms"] / 1e3 if breakdown[k]["pace_ms"] else float("nan")
+                     for k, v in tps.items()}
+            report[str(n)] = {"tps": tps, "best": best, "breakdown": breakdown, "tried": tried,
+                              "tokens_per_iteration": {k: v if v == v else None for k, v in paced.items()}}
             static = max((v for k, v in tps.items() if k not in SHIFTING), default=float("nan"))
+            static_paced = max((paced[k] for k in paced if k not in SHIFTING), default=float("nan"))
             print(f"\n{n} emulated devices, long-tailed workload ({' '.join(LONG_TAIL + TUNED_CONTROL)}), "
                   f"{args.steps} steps:")
             print(f"{'deployment':<14} {'best':>8} {'tok/s':>8} {'vs best static':>15} {'engine %':>9} {'shift %':>8} "
-                  f"{'train %':>8} {'stale s':>8} {'idle %':>7} {'held RO/RM/TR %':>16}")
+                  f"{'train %':>8} {'stale s':>8} {'idle %':>7} {'held RO/RM/TR %':>16} {'pace ms':>8} "
+                  f"{'tok/iteration':>14} {'vs best static':>15}")
             for name, v in tps.items():
                 b = breakdown[name]
                 pct = {k: 100 * b[k] / b["device_s"] for k in ("engine_rollout_s", "engine_reward_s", "shift_s",
@@ -161,12 +178,19 @@ def tuned(args: argparse.Namespace) -> int:
                                                                                                  "training"))
                 print(f"{name:<14} {best[name]:>8} {v:>8.1f} {v / static:>15.2f} "
                       f"{pct['engine_rollout_s'] + pct['engine_reward_s']:>9.1f} {pct['shift_s']:>8.1f} "
-                      f"{pct['train_s']:>8.1f} {b['staleness_wait_s']:>8.1f} {pct['idle_s']:>7.1f} {held:>16}")
+                      f"{pct['train_s']:>8.1f} {b['staleness_wait_s']:>8.1f} {pct['idle_s']:>7.1f} {held:>16} "
+                      f"{_ms(b['pace_ms']):>8} {paced[name]:>14.2f} {paced[name] / static_paced:>15.2f}")
             print("held = device time each role held its devices (the event record; the rest of a held share is a "
-                  "replica without work); engine % = device time in engine iterations")
+                  "replica without work); engine % = device time in engine iterations; pace = the run's median "
+                  "rollout iteration at 1-2 sequences (the machine's speed while it ran: runs minutes apart drift); "
+                  "tok/iteration = tok/s x pace")
     if args.json:
         print(json.dumps({"devices": report}))
     return 0
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _pct(x: float | None) -> str:

@@ -7,15 +7,20 @@
 * shifts by phase: count and mean seconds per ``<role> <direction>``, with the parts the backends reported;
 * the planner: per executed shift, the Eq. 1 throughput it predicted against the one before, next to the
   measured inference tokens/s over equal windows before and after it (until the next shift, at most 30 s);
+* the machine's pace: per role, the median seconds per engine iteration over the reports with one or two
+  running sequences (``small_batch_iteration_ms``). Runs taken minutes apart on a shared CPU machine drift
+  (on one 2-core machine the rollout figure ranged 14-22 ms between runs of one config), so a comparison of
+  two runs' tokens/s reads this beside it;
 * GenRM parse failures and reward-function failures, where the run folder's summary has them.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from pivotrl.report.books import held_seconds, replay, run_end, run_info, slices
 
-__all__ = ["summarize", "format_summary"]
+__all__ = ["summarize", "format_summary", "small_batch_iteration_ms"]
 
 _WINDOW_S = 30.0
 
@@ -46,12 +51,23 @@ def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None =
                              for r in books.migrations},
         "staleness_wait_s": books.staleness_wait_s,
         "planner": {"decisions": books.planner_decisions, "seconds": books.planner_s},
+        "small_batch_iteration_ms": small_batch_iteration_ms(events),
     }
     if run_summary:
         rewards = run_summary.get("rewards", {})
         out["genrm_parse_failures"] = rewards.get("num_unparsed")
         out["reward_function_failures"] = rewards.get("num_reward_failed")
     return out
+
+
+def small_batch_iteration_ms(events: list[dict[str, Any]], max_running: int = 2) -> dict[str, float | None]:
+    """Per role, the median milliseconds per engine iteration of the ``tokens`` reports with 1..``max_running``
+    running sequences (iterations = tokens / running); None where there is none."""
+    per: dict[str, list[float]] = {"rollout": [], "reward": []}
+    for e in events:
+        if e["kind"] == "tokens" and 0 < e["running"] <= max_running and e["tokens"] >= e["running"]:
+            per.setdefault(e["role"], []).append(1000.0 * e["seconds"] * e["running"] / e["tokens"])
+    return {role: statistics.median(v) if v else None for role, v in per.items()}
 
 
 def _inference_tokens(events: list[dict[str, Any]], a: float, b: float) -> float:
@@ -103,6 +119,9 @@ def format_summary(s: dict[str, Any], max_shifts: int = 20) -> str:
                  f"aborts {s['aborts']}")
     lines.append(f"staleness waits {s['staleness_wait_s']:.1f} s; "
                  f"planner {s['planner']['decisions']} decisions, {s['planner']['seconds']:.3f} s")
+    pace = s.get("small_batch_iteration_ms", {})
+    lines.append("machine pace, median ms per engine iteration at 1-2 sequences: " + ", ".join(
+        f"{r} {_f(v, '.1f')}" for r, v in pace.items()))
     if s["shift_phases"]:
         lines.append("shift phases:")
         for name, p in s["shift_phases"].items():

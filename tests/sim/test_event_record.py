@@ -177,3 +177,18 @@ def test_a_bad_record_is_refused_with_its_kind_and_fields(tmp_path: Path) -> Non
     log = EventLog(lambda: 1.5)
     log.emit("released", step=3)
     assert log.events == [{"t": 1.5, "kind": "released", "step": 3}] and set(KINDS["released"]) == {"step"}
+
+
+def test_the_machine_pace_is_the_median_small_batch_iteration() -> None:
+    from pivotrl.report import small_batch_iteration_ms
+
+    def tokens(role: str, running: int, tokens: int, seconds: float) -> dict:
+        return {"t": 0.0, "kind": "tokens", "role": role, "replica": 0, "tokens": tokens, "seconds": seconds,
+                "kv": 0, "running": running}
+
+    events = [tokens("rollout", 1, 10, 0.2), tokens("rollout", 2, 10, 0.1), tokens("rollout", 2, 4, 0.06),
+              tokens("rollout", 8, 8, 5.0),  # a large batch: not a pace figure
+              tokens("rollout", 2, 1, 0.5),  # less than one iteration reported: left out
+              tokens("reward", 16, 32, 0.1)]
+    pace = small_batch_iteration_ms(events)
+    assert pace["rollout"] == pytest.approx(20.0) and pace["reward"] is None  # 20, 20 and 30 ms: median 20
