@@ -1,9 +1,9 @@
 """Resource-shiftable deployment: a planner strategy moves devices between roles (paper §4, §7).
 
 The monitor snapshots the workload (``monitor.snapshot``) and the strategy's ``plan`` decides at
-once when a batch becomes ready, a policy version is published, training frees its devices or work
-arrives at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds; after
-each decision not to shift the interval doubles, up to ``max_tick_s`` (the tick policy: it saves planner
+once when a batch becomes ready, a policy version is published or training frees its devices, ``tick_s``
+after work arrives at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds;
+after each decision not to shift the interval doubles, up to ``max_tick_s`` (the tick policy: it saves planner
 calls in steady phases and is reset by every shift and every event above). The executor
 (``executor.PlanExecutor``) carries a plan out; while it is busy the planner is not consulted, and the
 deferred tick runs when it becomes idle.
@@ -91,7 +91,15 @@ class Shiftable(Deployment):
         self.request_tick()
 
     def on_stranded(self, cp: ControlPlane, role: InferenceRole) -> None:
-        self.request_tick()  # the role's work waits for a shift: decide now, not at the backed-off tick
+        """The role's work waits for a shift: decide ``tick_s`` from now, not at the backed-off tick. Not at
+        once: a decision on the first arrival alone sees a queue of one (in the simulator, planning at the
+        arrival itself cut PivotRL's best 1.5B & 9B run from 1.18x to 1.06x the best disaggregated)."""
+        self.ticks.reset()
+        at = cp.now + self.ticks.tick_s
+        if self._exec.busy:
+            self._deferred = True  # decided as soon as the executor is idle
+        elif at < self._next_tick:
+            self._schedule(at)
 
     def on_training_started(self, cp: ControlPlane) -> None:
         self._exec.training_started()

@@ -96,8 +96,8 @@ def test_a_strategy_that_starves_a_role_is_reported_as_stalled() -> None:
         Simulator(cfg, make_deployment(cfg, _Never())).run()
 
 
-def test_work_arriving_where_its_role_has_no_replica_is_planned_for_at_once() -> None:
-    """Every device starts on rollout; the first judgement's arrival is a planner decision at that instant, not
+def test_work_arriving_where_its_role_has_no_replica_is_planned_for_within_one_tick() -> None:
+    """Every device starts on rollout; the first judgement's arrival is a planner decision within ``tick_s``, not
     at the tick the back-off had put minutes away (``on_stranded``)."""
     dep = DeploymentConfig(kind="shiftable", training_devices=2, tick_s=1.0, max_tick_s=1e6)
     cfg = SimConfig(scenario=tiny_scenario(), deployment=dep, record_events=True)
@@ -107,7 +107,7 @@ def test_work_arriving_where_its_role_has_no_replica_is_planned_for_at_once() ->
     result = Simulator(cfg, controller).run()
     first_judgement = min(s.time_s for s, _ in spy.decisions if s.roles["reward"].waiting)
     arrivals = [e["t"] for e in result.events if e["kind"] == "submit" and e["role"] == "reward"]
-    assert first_judgement == pytest.approx(min(arrivals), abs=1e-9)
+    assert min(arrivals) <= first_judgement <= min(arrivals) + dep.tick_s + 1e-9
     state, decision = next((s, d) for s, d in spy.decisions if s.time_s == first_judgement)
     assert not state.replicas_of("reward") and decision.up_role == "reward" and decision.plan is not None
 
