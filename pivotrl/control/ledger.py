@@ -60,6 +60,11 @@ class StepLedger:
     def can_release(self) -> bool:
         return self.released < self.num_steps and self.released <= self.version + self.staleness
 
+    def publication_releases(self, version: int) -> bool:
+        """Whether publishing ``version`` frees a step that the staleness bound holds back now."""
+        return self.version + self.staleness < self.released < self.num_steps and \
+            self.released <= version + self.staleness
+
     def release(self) -> int:
         """Release the next step; returns its index."""
         if not self.can_release():

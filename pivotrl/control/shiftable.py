@@ -1,8 +1,8 @@
 """Resource-shiftable deployment: a planner strategy moves devices between roles (paper §4, §7).
 
 The monitor snapshots the workload (``monitor.snapshot``) and the strategy's ``plan`` decides at
-once when a batch becomes ready, a policy version is published or training frees its devices, ``tick_s``
-after work arrives at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds;
+once when a batch becomes ready, a policy version is published or training frees its devices (when the version
+it wrote releases a step, at that publication instead: ``on_training_released``), ``tick_s`` after work arrives at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds;
 after each decision not to shift the interval doubles, up to ``max_tick_s`` (the tick policy: it saves planner
 calls in steady phases and is reset by every shift and every event above). The executor
 (``executor.PlanExecutor``) carries a plan out; while it is busy the planner is not consulted, and the
@@ -68,6 +68,7 @@ class Shiftable(Deployment):
         self._gen = 0
         self._next_tick = 0.0
         self._deferred = False
+        self._awaiting_publication = False
 
     # ------------------------------------------------------------------ start and hooks
     def start(self, cp: ControlPlane) -> None:
@@ -109,10 +110,19 @@ class Shiftable(Deployment):
         cp.end_training(self.training, shift_down=True)
 
     def on_training_released(self, cp: ControlPlane) -> None:
+        """Plan for the freed training devices now, or at the publication of the version just trained when that
+        publication releases the next step: a decision taken before it sees no rollout work (the step's whole batch
+        arrives a Write later) and hands the devices to the GenRM's queue, and the released step's rollouts then
+        crowd onto the replicas rollout holds. Waiting costs no device time: a training device takes an inference
+        role only once its Write is done, which is what the publication waits for."""
         self._exec.training_released()
-        self.request_tick()
+        if cp.ledger.publication_releases(cp.ledger.trained):
+            self._awaiting_publication = True  # no tick decides before it: on_published plans
+        else:
+            self.request_tick()
 
     def on_published(self, cp: ControlPlane, version: int) -> None:
+        self._awaiting_publication = False
         cp.release_all()
         self.request_tick()
 
@@ -164,6 +174,9 @@ class Shiftable(Deployment):
     def _tick(self, gen: int) -> None:
         cp = self._plane
         if gen != self._gen or cp.ledger.done:
+            return
+        if self._awaiting_publication and not cp.ledger.batch_ready(cp.ledger.next_train_step):
+            self._next_tick = float("inf")  # on_published plans next (a ready batch does not wait: it trains)
             return
         if self._exec.busy:
             self._deferred = True

@@ -66,6 +66,9 @@ class Simulator:
         per_node = self.costs.device.devices_per_node
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // per_node) for d in range(sc.num_devices))
         self._free_at: dict[int, float] = {}  # device -> when its last role has shifted down
+        # training device -> when its GPS Write of the version it trained ends: as in the runtime's workers, the
+        # device takes an inference role only after it (a next training step does not wait for it)
+        self._written_at: dict[int, float] = {}
         self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
         self.events = EventLog(self.now, enabled=cfg.record_events)
         rng = np.random.default_rng([cfg.seed, 0x5111])
@@ -186,13 +189,14 @@ class Simulator:
                        min_version: int | None, initial: bool) -> None:
         ready = self._now
         if not initial:
-            ready = self._free([d for _, devices in replicas for d in devices])
+            device_ids = [d for _, devices in replicas for d in devices]
+            ready = max([self._free(device_ids), *(self._written_at.get(d, 0.0) for d in device_ids)])
             if min_version is not None:
                 ready = max(ready, self._publish_at[min_version])
             model = self.policy if role == "rollout" else self.reward
             parts = {"gps_read_s": self.costs.read_s(model, self.roles[role].tp),
                      "engine_start_s": self.costs.cfg.engine_start_s}
-            self._phases(ready, role, "up", [d for _, devices in replicas for d in devices], parts)
+            self._phases(ready, role, "up", device_ids, parts)
             ready += self._up_s(role)
         self.schedule(ready, self._replicas_up, role, replicas)
 
@@ -228,6 +232,7 @@ class Simulator:
         free = self._now + (self.costs.training_down_s(self.policy, n) if shift_down else 0.0)
         self._free_at.update((d, free) for d in device_ids)
         self._publish_at[version] = free + self.costs.write_s(self.policy, n)
+        self._written_at.update((d, self._publish_at[version]) for d in device_ids)
         self.schedule(free, self.plane.training_released)
         self.schedule(self._publish_at[version], self.plane.published, version)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pivotrl.planner import STRATEGIES, Decision, Strategy, WorkloadState, validate_plan
-from pivotrl.sim import (DeploymentConfig, HardwareConfig, Scenario, SimConfig, SimulationStalled, Simulator,
-                         TrueLatency)
+from pivotrl.sim import (CostConfig, DeploymentConfig, HardwareConfig, Scenario, SimConfig, SimulationStalled,
+                         Simulator, TrueLatency)
 from pivotrl.sim.catalog import DEVICES, MODELS
 from pivotrl.sim.runner import make_deployment
 from pivotrl.sim.truth import fit_belief
@@ -152,3 +152,53 @@ def test_critical_can_keep_running_sequences_in_place_on_a_shift_up(shift_up_mig
     result = sim.run()
     assert result.num_shifts and calls and set(calls) == {shift_up_migration}
     assert sum(rt.discarded_tokens for rt in sim.roles.values()) == 0  # a shift down still migrates (Alg. 3)
+
+
+@pytest.mark.parametrize("strategy", ["pivotrl", "critical"])
+def test_devices_training_frees_are_planned_for_once_the_step_their_version_releases_is_queued(strategy: str) -> None:
+    """Training frees its devices a Write before the version it wrote is published; when that publication
+    releases the next step, no decision is taken in between (it would see none of that step's rollouts), and the
+    first one after it sees them (``Shiftable.on_training_released``)."""
+    dep = DeploymentConfig(kind="shiftable", strategy=strategy, training_devices=2, staleness=0)
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=4), deployment=dep, record_events=True)
+    controller = make_deployment(cfg)
+    spy = Spy(controller.strategy)
+    controller.strategy = spy
+    result = Simulator(cfg, controller).run()
+    per_step = cfg.scenario.workload.seqs_per_step
+    released = {e["step"]: e["t"] for e in result.events if e["kind"] == "released"}
+    freed = [e["t"] for e in result.events if e["kind"] == "training_released"]
+    gaps = 0
+    for step, at in released.items():
+        before = [t for t in freed if t <= at]
+        if step == 0 or not before or before[-1] == at:
+            continue
+        gaps += 1
+        between = [s for s, _ in spy.decisions if before[-1] <= s.time_s < at]
+        assert all(s.next_batch_ready for s in between), (step, before[-1], at)
+        first = min((s for s, _ in spy.decisions if s.time_s >= at), key=lambda s: s.time_s)
+        live = {s.seq_id for r in first.replicas for s in r.sequences} | {s.seq_id for s in first.roles["rollout"].waiting}
+        assert any(i // per_step == step for i in live)
+    assert gaps  # the Write put time between a training release and the publication it released a step at
+
+
+@pytest.mark.parametrize("strategy", ["pivotrl", "critical", "static"])
+def test_a_training_device_takes_an_inference_role_only_after_its_write(strategy: str) -> None:
+    """As the runtime's workers do: a device that trained version v shifts up to rollout or the GenRM only once
+    its GPS Write of v is done (v published); the simulator once let a GenRM replica start during the Write."""
+    dep = DeploymentConfig(kind="shiftable", strategy=strategy, training_devices=2, staleness=2,
+                           **({"initial": "split", "rollout_devices": 4, "reward_devices": 2}
+                              if strategy == "static" else {}))
+    slow_write = CostConfig(rdma_efficiency=0.01)  # a Write of seconds, so that the order can show
+    # long rollouts: training devices go to inference between steps, at staleness 2 without a release to wait for
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=4, response_median=1500, response_max=6000), deployment=dep,
+                    costs=slow_write, record_events=True)
+    result = Simulator(cfg, make_deployment(cfg)).run()
+    training = set(dep.training_set(cfg.scenario.num_devices))
+    trained = sorted(e["t"] for e in result.events if e["kind"] == "trained")
+    published = sorted(e["t"] for e in result.events if e["kind"] == "published")
+    ups = [e for e in result.events if e["kind"] == "shift_phase" and e["direction"] == "up"
+           and e["role"] != "training" and e["device"] in training]
+    assert ups
+    for end, pub in zip(trained, published, strict=True):
+        assert not [e for e in ups if end <= e["start_s"] < pub - 1e-9], (end, pub)
