@@ -14,13 +14,13 @@ from typing import Any
 
 from pivotrl.control.events import EVENTS_FILE, read_events
 from pivotrl.report.books import Books, Slice, held_seconds, replay, slices
-from pivotrl.report.summary import format_summary, small_batch_iteration_ms, summarize
+from pivotrl.report.summary import format_summary, small_batch_iteration_ms, step_phases, summarize
 from pivotrl.report.timeline import TimelineSeries, plot_timelines, timeline_series
 from pivotrl.report.trace import chrome_trace, counter_series
 
 __all__ = ["Books", "Slice", "TimelineSeries", "chrome_trace", "counter_series", "format_summary", "held_seconds",
-           "plot_timelines", "replay", "report", "report_events", "slices", "small_batch_iteration_ms", "summarize",
-           "timeline_series"]
+           "plot_timelines", "replay", "report", "report_events", "slices", "small_batch_iteration_ms", "step_phases",
+           "summarize", "timeline_series"]
 
 
 def report_events(events: list[dict[str, Any]], out_dir: Path | str, *, title: str = "",

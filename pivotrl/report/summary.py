@@ -11,6 +11,8 @@
   running sequences (``small_batch_iteration_ms``). Runs taken minutes apart on a shared CPU machine drift
   (on one 2-core machine the rollout figure ranged 14-22 ms between runs of one config), so a comparison of
   two runs' tokens/s reads this beside it;
+* each step's critical path (``step_phases``): released -> its last rollout -> its last judgement -> its training
+  started -> trained -> the version it made published, and how often its sequences were aborted (migrated);
 * GenRM parse failures and reward-function failures, where the run folder's summary has them.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from pivotrl.report.books import held_seconds, replay, run_end, run_info, slices
 
-__all__ = ["summarize", "format_summary", "small_batch_iteration_ms"]
+__all__ = ["summarize", "format_summary", "small_batch_iteration_ms", "step_phases"]
 
 _WINDOW_S = 30.0
 
@@ -52,6 +54,7 @@ def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None =
         "staleness_wait_s": books.staleness_wait_s,
         "planner": {"decisions": books.planner_decisions, "seconds": books.planner_s},
         "small_batch_iteration_ms": small_batch_iteration_ms(events),
+        "steps": step_phases(events),
     }
     if run_summary:
         rewards = run_summary.get("rewards", {})
@@ -68,6 +71,33 @@ def small_batch_iteration_ms(events: list[dict[str, Any]], max_running: int = 2)
         if e["kind"] == "tokens" and 0 < e["running"] <= max_running and e["tokens"] >= e["running"]:
             per.setdefault(e["role"], []).append(1000.0 * e["seconds"] * e["running"] / e["tokens"])
     return {role: statistics.median(v) if v else None for role, v in per.items()}
+
+
+def step_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per released step, in step order, the times (run seconds; None where it did not happen) it was released,
+    its last rollout and last judgement finished, its training started and ended and the version it trained
+    was published, with the rollout and judgement aborts of its sequences: where a step's time went."""
+    per_step = int(run_info(events)["seqs_per_step"])
+    rows: dict[int, dict[str, Any]] = {}
+    stamp = {"released": "released_s", "training_start": "training_start_s", "trained": "trained_s"}
+    for e in events:
+        kind = e["kind"]
+        if kind in stamp:
+            rows.setdefault(e["step"], _empty_step(e["step"]))[stamp[kind]] = e["t"]
+        elif kind == "published" and e["version"] >= 1:
+            rows.setdefault(e["version"] - 1, _empty_step(e["version"] - 1))["published_s"] = e["t"]
+        elif kind == "finish":
+            row = rows.setdefault(e["seq"] // per_step, _empty_step(e["seq"] // per_step))
+            key = "last_rollout_s" if e["role"] == "rollout" else "last_judgement_s"
+            row[key] = max(row[key] or 0.0, e["t"])
+        elif kind == "abort":
+            rows.setdefault(e["seq"] // per_step, _empty_step(e["seq"] // per_step))[f"{e['role']}_aborts"] += 1
+    return [rows[k] for k in sorted(rows) if rows[k]["released_s"] is not None]
+
+
+def _empty_step(step: int) -> dict[str, Any]:
+    return {"step": step, "released_s": None, "last_rollout_s": None, "last_judgement_s": None,
+            "training_start_s": None, "trained_s": None, "published_s": None, "rollout_aborts": 0, "reward_aborts": 0}
 
 
 def _inference_tokens(events: list[dict[str, Any]], a: float, b: float) -> float:
@@ -122,6 +152,15 @@ def format_summary(s: dict[str, Any], max_shifts: int = 20) -> str:
     pace = s.get("small_batch_iteration_ms", {})
     lines.append("machine pace, median ms per engine iteration at 1-2 sequences: " + ", ".join(
         f"{r} {_f(v, '.1f')}" for r, v in pace.items()))
+    if s.get("steps"):
+        lines.append("steps (s): released -> last rollout -> last judgement -> training -> trained -> published "
+                     "| aborts rollout/reward")
+        for r in s["steps"]:
+            marks = [r[k] for k in ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s",
+                                    "trained_s", "published_s")]
+            gaps = [_f(b - a if a is not None and b is not None else None, ".2f") for a, b in zip(marks, marks[1:])]
+            lines.append(f"  {r['step']:3d} at {_f(marks[0], '.2f'):>7}: " + " -> ".join(gaps)
+                         + f" | {r['rollout_aborts']}/{r['reward_aborts']}")
     if s["shift_phases"]:
         lines.append("shift phases:")
         for name, p in s["shift_phases"].items():

@@ -192,3 +192,26 @@ def test_the_machine_pace_is_the_median_small_batch_iteration() -> None:
               tokens("reward", 16, 32, 0.1)]
     pace = small_batch_iteration_ms(events)
     assert pace["rollout"] == pytest.approx(20.0) and pace["reward"] is None  # 20, 20 and 30 ms: median 20
+
+
+@settings(max_examples=10, deadline=None)
+@given(deployment=st.sampled_from(sorted(DEPLOYMENTS) + [ABLATION]), seed=st.integers(0, 10_000),
+       prompts=st.integers(1, 3), group=st.integers(1, 5), steps=st.integers(1, 4))
+def test_each_steps_critical_path_is_in_order_and_counts_every_abort(deployment: str, seed: int, prompts: int,
+                                                                      group: int, steps: int) -> None:
+    """``step_phases``: one row per step, its marks in the order the RL data flow imposes (a judgement follows its
+    rollout, training starts on a ready batch, a version is published after it trained), matching the run's own
+    step ends, and the aborts of all rows are the record's."""
+    from pivotrl.report import step_phases
+
+    sim = _run(deployment, seed=seed, num_steps=steps, prompts_per_step=prompts, group_size=group)
+    events = read_events(sim.result.events)  # type: ignore[attr-defined]
+    rows = step_phases(events)
+    assert [r["step"] for r in rows] == list(range(steps))
+    for r in rows:
+        marks = [r[k] for k in ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s", "trained_s",
+                                "published_s")]
+        assert None not in marks and marks == sorted(marks), r
+    assert [r["trained_s"] for r in rows] == pytest.approx(list(sim.result.step_end_s))  # type: ignore[attr-defined]
+    aborts = sum(r["rollout_aborts"] + r["reward_aborts"] for r in rows)
+    assert aborts == sum(1 for e in events if e["kind"] == "abort")
