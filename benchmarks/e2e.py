@@ -22,7 +22,9 @@ iterations (median and p90 relative error). ``--json`` prints ``{"tps": {...}, "
 critical-path strategy (``critical``) at each device count and prints, per deployment, its best allocation's
 tokens/s, the ratio to the best static deployment, where device time went, and the run's pace (median ms per
 rollout iteration at 1-2 sequences, from its event record). Runs minutes apart on a shared CPU machine drift by
-10-30 % in pace, so ``tokens_per_iteration`` (tok/s x pace) is printed beside tok/s as the drift-free figure.
+10-30 % in pace, so ``tokens_per_iteration`` (tok/s x pace) is printed beside tok/s as the drift-free figure;
+``--repeats N`` runs every allocation N times in rounds and keeps its median run (each run's tok/s under
+``breakdown``'s ``runs_tps``).
 Last line: ``{"devices": {"8": {"tps", "best", "breakdown", "tried", "tokens_per_iteration"}, ...}}``.
 """
 from __future__ import annotations
@@ -129,38 +131,48 @@ def tuned(args: argparse.Namespace) -> int:
         tmp = args.keep or tmpdir
         for n in args.devices:
             tps, best, breakdown, tried = {}, {}, {}, {}
-            for name, candidates in tuned_candidates(n).items():
-                if args.deployments and name not in args.deployments:
-                    continue
-                for k, (label, overrides) in enumerate(candidates):
-                    if args.allocations and label not in args.allocations:
-                        continue
-                    job = run_job(Path(tmp) / f"{n}-{name}-{k}", [f"run.num_steps={args.steps}", *LONG_TAIL,
-                                                                  *TUNED_CONTROL, *overrides, *args.overrides],
-                                  nproc=n, timeout_s=args.timeout_s)
+            chosen = [(name, k, label, overrides) for name, candidates in tuned_candidates(n).items()
+                      if not args.deployments or name in args.deployments
+                      for k, (label, overrides) in enumerate(candidates)
+                      if not args.allocations or label in args.allocations]
+            runs: dict[tuple[str, str], list[dict]] = {}
+            for r in range(args.repeats):  # in rounds, so that the machine's drift falls on every allocation alike
+                for name, k, label, overrides in chosen:
+                    folder = Path(tmp) / (f"{n}-{name}-{k}" + (f"-r{r}" if args.repeats > 1 else ""))
+                    job = run_job(folder, [f"run.num_steps={args.steps}", *LONG_TAIL, *TUNED_CONTROL, *overrides,
+                                           *args.overrides], nproc=n, timeout_s=args.timeout_s)
                     if job.returncode != 0:
                         print(job.output[-3000:], file=sys.stderr)
-                        tried.setdefault(name, {})[label] = None
+                        runs.setdefault((name, label), [])
                         continue
                     s = job.summary
-                    tried.setdefault(name, {})[label] = s["tps"]
                     record = summarize(read_events(job.folder))  # the run's event record (pivotrl.report)
                     pace = record["small_batch_iteration_ms"]["rollout"]
                     print(f"{n} devices {name:<14} {label:<8} {s['tps']:8.1f} tok/s  {s['seconds']:6.1f} s  "
                           f"pace {_ms(pace)} ms/iteration", flush=True)
-                    if s["tps"] > tps.get(name, 0.0):
-                        tps[name], best[name] = s["tps"], label
-                        t = s["time_breakdown"]
-                        breakdown[name] = {**t, "shifts_by_role": s["shifts_by_role"],
-                                           "held_device_s": record["device_s_by_state"],
-                                           "engine_device_s": record["engine_device_s"],
-                                           "pace_ms": pace,
-                                           "run_folder": str(job.folder) if args.keep else None,
-                                           "staleness_wait_s": s["staleness_waits"]["seconds"],
-                                           "paced_s": s["cpu"].get("paced_s", 0.0),
-                                           "startup_s": s.get("startup_s", 0.0),
-                                           "engine_start_s": sum(v.get("engine_start_s", 0.0)
-                                                                 for v in s["shifts_by_role"].values())}
+                    runs.setdefault((name, label), []).append(
+                        {"tps": s["tps"], "summary": s, "record": record, "pace": pace, "folder": job.folder})
+            for (name, label), done in runs.items():
+                if not done:
+                    tried.setdefault(name, {})[label] = None
+                    continue
+                run = sorted(done, key=lambda x: x["tps"])[(len(done) - 1) // 2]  # the median run (lower middle)
+                tried.setdefault(name, {})[label] = run["tps"]
+                if run["tps"] > tps.get(name, 0.0):
+                    s, record = run["summary"], run["record"]
+                    tps[name], best[name] = s["tps"], label
+                    t = s["time_breakdown"]
+                    breakdown[name] = {**t, "shifts_by_role": s["shifts_by_role"],
+                                       "held_device_s": record["device_s_by_state"],
+                                       "engine_device_s": record["engine_device_s"],
+                                       "pace_ms": run["pace"],
+                                       "runs_tps": [x["tps"] for x in done],
+                                       "run_folder": str(run["folder"]) if args.keep else None,
+                                       "staleness_wait_s": s["staleness_waits"]["seconds"],
+                                       "paced_s": s["cpu"].get("paced_s", 0.0),
+                                       "startup_s": s.get("startup_s", 0.0),
+                                       "engine_start_s": sum(v.get("engine_start_s", 0.0)
+                                                             for v in s["shifts_by_role"].values())}
             # tokens per single-sequence rollout iteration: tok/s times the run's own pace (the machine's speed while
             # it ran), the figure that compares runs taken minutes apart on a machine whose speed drifts
             paced = {k: v * breakdown[k]["pace_ms"] / 1e3 if breakdown[k]["pace_ms"] else float("nan")
@@ -215,10 +227,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--allocations", nargs="+", metavar="LABEL",
                         help="--tuned: run only these allocations, as the table labels them (4/2/2 disaggregated, "
                         "2+2 rr_colocated, TR=2 shiftable, all colocated): a pair of runs to look at, not a tuning")
+    parser.add_argument("--repeats", type=int, default=1, help="--tuned: run every allocation this many times, in "
+                        "rounds, and take its median run (runs minutes apart on a shared CPU machine move by 10-15 %%)")
     parser.add_argument("--keep", default=None, help="--tuned: keep every run folder under this folder (each has "
                         "events.jsonl: python -m pivotrl.report RUN_FOLDER draws its timeline and trace)")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.tuned:
         return tuned(args)
     results: dict[str, dict] = {}

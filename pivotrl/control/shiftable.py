@@ -2,9 +2,10 @@
 
 The monitor snapshots the workload (``monitor.snapshot``) and the strategy's ``plan`` decides at
 once when a batch becomes ready, a policy version is published or training frees its devices (when the version
-it wrote releases a step, at that publication instead: ``on_training_released``), ``tick_s`` after work arrives at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds;
-after each decision not to shift the interval doubles, up to ``max_tick_s`` (the tick policy: it saves planner
-calls in steady phases and is reset by every shift and every event above). The executor
+it wrote releases a step, at that publication instead: ``on_training_released``), ``tick_s`` after work arrives
+at a role that has no replica (``on_stranded``), and otherwise every ``tick_s`` seconds; after each decision not
+to shift the interval doubles, up to ``max_tick_s`` (the tick policy: it saves planner calls in steady phases and
+is reset by every shift and every event above). The executor
 (``executor.PlanExecutor``) carries a plan out; while it is busy the planner is not consulted, and the
 deferred tick runs when it becomes idle.
 

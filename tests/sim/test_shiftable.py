@@ -177,7 +177,8 @@ def test_devices_training_frees_are_planned_for_once_the_step_their_version_rele
         between = [s for s, _ in spy.decisions if before[-1] <= s.time_s < at]
         assert all(s.next_batch_ready for s in between), (step, before[-1], at)
         first = min((s for s, _ in spy.decisions if s.time_s >= at), key=lambda s: s.time_s)
-        live = {s.seq_id for r in first.replicas for s in r.sequences} | {s.seq_id for s in first.roles["rollout"].waiting}
+        live = {s.seq_id for r in first.replicas for s in r.sequences}
+        live |= {s.seq_id for s in first.roles["rollout"].waiting}
         assert any(i // per_step == step for i in live)
     assert gaps  # the Write put time between a training release and the publication it released a step at
 
