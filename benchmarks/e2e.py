@@ -24,7 +24,8 @@ tokens/s, the ratio to the best static deployment, where device time went, and t
 rollout iteration at 1-2 sequences, from its event record). Runs minutes apart on a shared CPU machine drift by
 10-30 % in pace, so ``tokens_per_iteration`` (tok/s x pace) is printed beside tok/s as the drift-free figure;
 ``--repeats N`` runs every allocation N times in rounds and keeps its median run (each run's tok/s under
-``breakdown``'s ``runs_tps``).
+``breakdown``'s ``runs_tps``). Per deployment it also prints each step's mean critical path (rollout, judgement,
+wait for training, training, publication: ``pivotrl.report.step_phases``) and aborts per step (``step_phase_s``).
 Last line: ``{"devices": {"8": {"tps", "best", "breakdown", "tried", "tokens_per_iteration"}, ...}}``.
 """
 from __future__ import annotations
@@ -166,6 +167,7 @@ def tuned(args: argparse.Namespace) -> int:
                                        "held_device_s": record["device_s_by_state"],
                                        "engine_device_s": record["engine_device_s"],
                                        "pace_ms": run["pace"],
+                                       "step_phase_s": _step_phase_means(record["steps"]),
                                        "runs_tps": [x["tps"] for x in done],
                                        "run_folder": str(run["folder"]) if args.keep else None,
                                        "staleness_wait_s": s["staleness_waits"]["seconds"],
@@ -200,9 +202,28 @@ def tuned(args: argparse.Namespace) -> int:
                   "replica without work); engine % = device time in engine iterations; pace = the run's median "
                   "rollout iteration at 1-2 sequences (the machine's speed while it ran: runs minutes apart drift); "
                   "tok/iteration = tok/s x pace")
+            print(f"\nper step, mean seconds ({', '.join(PHASES)}) and aborted sequences, of each best run:")
+            for name in tps:
+                m = breakdown[name]["step_phase_s"]
+                print(f"{name:<14} " + "  ".join(f"{k} {_ms(m[k])}" for k in (*PHASES, "aborts")))
     if args.json:
         print(json.dumps({"devices": report}))
     return 0
+
+
+# a step's critical path between the marks of pivotrl.report.step_phases
+PHASES = ("rollout", "judgement", "wait_for_training", "training", "publication")
+_MARKS = ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s", "trained_s", "published_s")
+
+
+def _step_phase_means(steps: list[dict]) -> dict[str, float | None]:
+    """Mean seconds of each phase over a run's steps (where both marks are there), and aborts per step."""
+    out: dict[str, float | None] = {}
+    for phase, (a, b) in zip(PHASES, zip(_MARKS, _MARKS[1:])):
+        gaps = [r[b] - r[a] for r in steps if r[a] is not None and r[b] is not None]
+        out[phase] = sum(gaps) / len(gaps) if gaps else None
+    out["aborts"] = sum(r["rollout_aborts"] + r["reward_aborts"] for r in steps) / len(steps) if steps else None
+    return out
 
 
 def _ms(x: float | None) -> str:
