@@ -202,25 +202,23 @@ def tuned(args: argparse.Namespace) -> int:
                   "replica without work); engine % = device time in engine iterations; pace = the run's median "
                   "rollout iteration at 1-2 sequences (the machine's speed while it ran: runs minutes apart drift); "
                   "tok/iteration = tok/s x pace")
-            print(f"\nper step, mean seconds ({', '.join(PHASES)}) and aborted sequences, of each best run:")
+            print("\nper step, mean seconds of each phase and aborted sequences, of each best run:")
             for name in tps:
-                m = breakdown[name]["step_phase_s"]
-                print(f"{name:<14} " + "  ".join(f"{k} {_ms(m[k])}" for k in (*PHASES, "aborts")))
+                print(f"{name:<14} " + "  ".join(f"{k} {_ms(v)}" for k, v in breakdown[name]["step_phase_s"].items()))
     if args.json:
         print(json.dumps({"devices": report}))
     return 0
 
 
-# a step's critical path between the marks of pivotrl.report.step_phases
-PHASES = ("rollout", "judgement", "wait_for_training", "training", "publication")
-_MARKS = ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s", "trained_s", "published_s")
-
-
 def _step_phase_means(steps: list[dict]) -> dict[str, float | None]:
-    """Mean seconds of each phase over a run's steps (where both marks are there), and aborts per step."""
+    """Mean seconds of each of ``STEP_PHASES`` over a run's steps (where both marks are there), and aborts per
+    step."""
+    from pivotrl.report.summary import STEP_PHASES, step_gaps
+
+    per_step = [step_gaps(r) for r in steps]
     out: dict[str, float | None] = {}
-    for phase, (a, b) in zip(PHASES, zip(_MARKS, _MARKS[1:])):
-        gaps = [r[b] - r[a] for r in steps if r[a] is not None and r[b] is not None]
+    for i, phase in enumerate(STEP_PHASES):
+        gaps = [g[i] for g in per_step if g[i] is not None]
         out[phase] = sum(gaps) / len(gaps) if gaps else None
     out["aborts"] = sum(r["rollout_aborts"] + r["reward_aborts"] for r in steps) / len(steps) if steps else None
     return out

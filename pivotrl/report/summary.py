@@ -22,9 +22,13 @@ from typing import Any
 
 from pivotrl.report.books import held_seconds, replay, run_end, run_info, slices
 
-__all__ = ["summarize", "format_summary", "small_batch_iteration_ms", "step_phases"]
+__all__ = ["summarize", "format_summary", "small_batch_iteration_ms", "step_phases", "step_gaps", "STEP_MARKS",
+           "STEP_PHASES"]
 
 _WINDOW_S = 30.0
+# a step's marks in ``step_phases`` rows, in the data flow's order, and the phase between each mark and the next
+STEP_MARKS = ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s", "trained_s", "published_s")
+STEP_PHASES = ("rollout", "judgement", "wait_for_training", "training", "publication")
 
 
 def summarize(events: list[dict[str, Any]], run_summary: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -95,9 +99,14 @@ def step_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [rows[k] for k in sorted(rows) if rows[k]["released_s"] is not None]
 
 
+def step_gaps(row: dict[str, Any]) -> list[float | None]:
+    """Seconds of each of ``STEP_PHASES`` in one ``step_phases`` row (None where a mark is missing)."""
+    marks = [row[k] for k in STEP_MARKS]
+    return [b - a if a is not None and b is not None else None for a, b in zip(marks, marks[1:])]
+
+
 def _empty_step(step: int) -> dict[str, Any]:
-    return {"step": step, "released_s": None, "last_rollout_s": None, "last_judgement_s": None,
-            "training_start_s": None, "trained_s": None, "published_s": None, "rollout_aborts": 0, "reward_aborts": 0}
+    return {"step": step, **dict.fromkeys(STEP_MARKS), "rollout_aborts": 0, "reward_aborts": 0}
 
 
 def _inference_tokens(events: list[dict[str, Any]], a: float, b: float) -> float:
@@ -156,10 +165,8 @@ def format_summary(s: dict[str, Any], max_shifts: int = 20) -> str:
         lines.append("steps (s): released -> last rollout -> last judgement -> training -> trained -> published "
                      "| aborts rollout/reward")
         for r in s["steps"]:
-            marks = [r[k] for k in ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s",
-                                    "trained_s", "published_s")]
-            gaps = [_f(b - a if a is not None and b is not None else None, ".2f") for a, b in zip(marks, marks[1:])]
-            lines.append(f"  {r['step']:3d} at {_f(marks[0], '.2f'):>7}: " + " -> ".join(gaps)
+            lines.append(f"  {r['step']:3d} at {_f(r['released_s'], '.2f'):>7}: "
+                         + " -> ".join(_f(g, ".2f") for g in step_gaps(r))
                          + f" | {r['rollout_aborts']}/{r['reward_aborts']}")
     if s["shift_phases"]:
         lines.append("shift phases:")

@@ -203,14 +203,14 @@ def test_each_steps_critical_path_is_in_order_and_counts_every_abort(deployment:
     rollout, training starts on a ready batch, a version is published after it trained), matching the run's own
     step ends, and the aborts of all rows are the record's."""
     from pivotrl.report import step_phases
+    from pivotrl.report.summary import STEP_MARKS
 
     sim = _run(deployment, seed=seed, num_steps=steps, prompts_per_step=prompts, group_size=group)
     events = read_events(sim.result.events)  # type: ignore[attr-defined]
     rows = step_phases(events)
     assert [r["step"] for r in rows] == list(range(steps))
     for r in rows:
-        marks = [r[k] for k in ("released_s", "last_rollout_s", "last_judgement_s", "training_start_s", "trained_s",
-                                "published_s")]
+        marks = [r[k] for k in STEP_MARKS]
         assert None not in marks and marks == sorted(marks), r
     assert [r["trained_s"] for r in rows] == pytest.approx(list(sim.result.step_end_s))  # type: ignore[attr-defined]
     aborts = sum(r["rollout_aborts"] + r["reward_aborts"] for r in rows)
