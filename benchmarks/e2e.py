@@ -97,29 +97,19 @@ def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, l
     can run (a training set dividing a step's prompts: whole GRPO groups per training rank), as (label,
     config overrides)."""
     from pivotrl.control import DeploymentConfig
-    from pivotrl.sim.runner import device_allocations
+    from pivotrl.sim.runner import allocation_label, device_allocations
 
     out: dict[str, list[tuple[str, list[str]]]] = {}
     for name, kind in (("colocated", "colocated"), ("disaggregated", "disaggregated"),
                        ("rr_colocated", "rr_colocated"), ("pivotrl", "shiftable"), ("critical", "shiftable")):
         deps = device_allocations(num_devices, 1, DeploymentConfig(kind=kind))  # type: ignore[arg-type]
         strategy = [f"deployment.strategy={name}"] if kind == "shiftable" else []
-        out[name] = [(_label(d), [f"deployment.kind={kind}", *strategy,
+        out[name] = [(allocation_label(d), [f"deployment.kind={kind}", *strategy,
                                   f"deployment.rollout_devices={d.rollout_devices}",
                                   f"deployment.reward_devices={d.reward_devices}",
                                   f"deployment.training_devices={d.training_devices}"])
                      for d in deps if kind == "colocated" or prompts_per_step % d.training_devices == 0]
     return out
-
-
-def _label(d) -> str:  # noqa: ANN001 (a DeploymentConfig)
-    if d.kind == "colocated":
-        return "all"
-    if d.kind == "disaggregated":
-        return f"{d.rollout_devices}/{d.reward_devices}/{d.training_devices}"
-    if d.kind == "rr_colocated":
-        return f"{d.rollout_devices}+{d.training_devices}"
-    return f"TR={d.training_devices}"
 
 
 def tuned(args: argparse.Namespace) -> int:

@@ -65,7 +65,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "training_released": ("devices",),
     "gps_write": ("version", "devices"),
     "published": ("version",),
-    "tokens": ("role", "replica", "tokens", "seconds", "kv", "running"),
+    # an engine's progress report: ``steps`` iterations took ``seconds``, ``running`` sequences at the end holding ``kv``
+    # KV tokens, ``finished`` of them ended in it
+    "tokens": ("role", "replica", "tokens", "seconds", "kv", "running", "steps", "finished"),
 }
 
 

@@ -400,7 +400,8 @@ class RuntimeCluster:
             for fin in msg.finished:
                 self._finished(role, msg.replica_id, fin, msg.version)
         self.plane.events.emit("tokens", role=role, replica=msg.replica_id, tokens=msg.num_new_tokens,
-                               seconds=msg.latency_s, kv=msg.kv_used_tokens, running=msg.num_running_seqs)
+                               seconds=msg.latency_s, kv=msg.kv_used_tokens, running=msg.num_running_seqs,
+                               steps=msg.num_steps, finished=len(msg.finished))
         if rep is not None:
             rep.observe(msg.num_new_tokens, msg.latency_s, msg.num_running_seqs)
             rep.version = msg.version

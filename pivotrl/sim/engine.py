@@ -29,12 +29,10 @@ from pivotrl.control.events import EventLog
 from pivotrl.control.ledger import StepLedger
 from pivotrl.control.plane import ControlPlane
 from pivotrl.planner.state import DeviceInfo, InferenceRole
-from pivotrl.sim.catalog import device_spec, model_spec
 from pivotrl.sim.config import SimConfig
-from pivotrl.sim.costs import CostModel
+from pivotrl.sim.hardware import CatalogHardware, SimHardware
 from pivotrl.sim.results import SimResult, TimelinePoint
 from pivotrl.sim.roles import SimRole, SimSlot
-from pivotrl.sim.truth import TrueLatency, fit_belief
 from pivotrl.sim.workload import Workload
 
 __all__ = ["Simulator", "SimulationStalled"]
@@ -53,17 +51,19 @@ class Simulator:
 
     kind = "sim"  # the backend named in the event record
 
-    def __init__(self, cfg: SimConfig, deployment: Any, workload: Workload | None = None) -> None:
+    def __init__(self, cfg: SimConfig, deployment: Any, workload: Workload | None = None,
+                 hardware: SimHardware | None = None) -> None:
         sc = cfg.scenario
         self.cfg = cfg
         self.workload = workload if workload is not None else Workload.sample(sc.workload, cfg.seed)
-        self.policy, self.reward = model_spec(sc.policy), model_spec(sc.reward)
-        self.costs = CostModel(device_spec(sc.device), cfg.costs)
+        # the scenario's catalogued models and device, or what a real run measured (pivotrl.sim.measured)
+        self.hw = hardware if hardware is not None else CatalogHardware(sc.policy, sc.reward, sc.device,
+                                                                         cfg.hardware, cfg.costs)
         self._now = 0.0
         self.num_events = 0
         self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._counter = itertools.count()
-        per_node = self.costs.device.devices_per_node
+        per_node = self.hw.devices_per_node
         self.devices = tuple(DeviceInfo(device_id=d, node_id=d // per_node) for d in range(sc.num_devices))
         self._free_at: dict[int, float] = {}  # device -> when its last role has shifted down
         # training device -> when its GPS Write of the version it trained ends: as in the runtime's workers, the
@@ -72,13 +72,11 @@ class Simulator:
         self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
         self.events = EventLog(self.now, enabled=cfg.record_events)
         rng = np.random.default_rng([cfg.seed, 0x5111])
-        sigma = cfg.hardware.noise_sigma
+        sigma = self.hw.noise_sigma
         self.roles: dict[str, SimRole] = {}
         wl = self.workload
-        for role, spec, tp, lengths in (("rollout", self.policy, sc.policy_tp, wl.rollout),
-                                        ("reward", self.reward, sc.reward_tp, wl.judge)):
-            truth = TrueLatency.build(spec, self.costs.device, tp, cfg.hardware)
-            belief = fit_belief(truth, rng, sigma)
+        for role, tp, lengths in (("rollout", sc.policy_tp, wl.rollout), ("reward", sc.reward_tp, wl.judge)):
+            truth, belief = self.hw.engine(role, tp, rng)
             seed = int(rng.integers(2**63))
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
                                        schedule=self.schedule, on_finished=self._finished, events=self.events)
@@ -171,7 +169,7 @@ class Simulator:
     def tau_shift_s(self, role: InferenceRole) -> float:
         """τ_shift of a ``role`` replica: its shift down, then the other role's shift up on its devices."""
         other = "reward" if role == "rollout" else "rollout"
-        return self.costs.inference_down_s() + self._up_s(other)
+        return sum(self.hw.inference_down(role).values()) + self._up_s(other)
 
     def sync(self, role: InferenceRole | None = None) -> None:
         for name, rt in self.roles.items():
@@ -193,11 +191,9 @@ class Simulator:
             ready = max([self._free(device_ids), *(self._written_at.get(d, 0.0) for d in device_ids)])
             if min_version is not None:
                 ready = max(ready, self._publish_at[min_version])
-            model = self.policy if role == "rollout" else self.reward
-            parts = {"gps_read_s": self.costs.read_s(model, self.roles[role].tp),
-                     "engine_start_s": self.costs.cfg.engine_start_s}
+            parts = self.hw.inference_up(role, self.roles[role].tp)
             self._phases(ready, role, "up", device_ids, parts)
-            ready += self._up_s(role)
+            ready += sum(parts.values())
         self.schedule(ready, self._replicas_up, role, replicas)
 
     def _replicas_up(self, role: InferenceRole, replicas: list[tuple[int, tuple[int, ...]]]) -> None:
@@ -206,40 +202,43 @@ class Simulator:
     def stop_replicas(self, role: InferenceRole, replicas: list[SimSlot]) -> None:  # type: ignore[override]
         stop = self.roles[role].stop(replicas)
         devices = [d for slot in replicas for d in slot.device_ids]
-        self._phases(stop, role, "down", devices, {"engine_stop_s": self.costs.inference_down_s()})
-        free = stop + self.costs.inference_down_s()
+        parts = self.hw.inference_down(role)
+        self._phases(stop, role, "down", devices, parts)
+        free = stop + sum(parts.values())
         self._free_at.update((d, free) for d in devices)
 
     def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
         start, n = self._now, len(device_ids)
         if shift_up:
             start = self._free(list(device_ids))
-            self._phases(start, "training", "up", list(device_ids),
-                         {"gps_read_s": self.costs.read_s(self.policy, n),
-                          "optimizer_s": self.costs.optimizer_s(self.policy, n),
-                          "train_start_s": self.costs.cfg.train_start_s})
-            start += self.costs.training_up_s(self.policy, n)
-        end = start + self.costs.training_s(self.policy, self.workload.training_tokens(step), len(device_ids))
+            parts = self.hw.training_up(n)
+            self._phases(start, "training", "up", list(device_ids), parts)
+            start += sum(parts.values())
+        end = start + self.hw.training_s(self.workload.training_tokens(step), n)
         self.schedule(start, self.plane.training_started)
         self.schedule(end, self.plane.trained, step)
 
     def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
         n = len(device_ids)
+        parts = self.hw.training_down(n) if shift_down else {}
         if shift_down:
-            self._phases(self._now, "training", "down", list(device_ids),
-                         {"optimizer_s": self.costs.optimizer_s(self.policy, n),
-                          "train_stop_s": self.costs.cfg.train_stop_s})
-        free = self._now + (self.costs.training_down_s(self.policy, n) if shift_down else 0.0)
+            self._phases(self._now, "training", "down", list(device_ids), parts)
+        if self.hw.write_first:  # the runtime's order: the Write from the training devices, then their shift down
+            self._publish_at[version] = self._now + self.hw.write_s(n)
+            free = self._publish_at[version] + sum(parts.values())
+        else:
+            free = self._now + sum(parts.values())
+            self._publish_at[version] = free + self.hw.write_s(n)
         self._free_at.update((d, free) for d in device_ids)
-        self._publish_at[version] = free + self.costs.write_s(self.policy, n)
         self._written_at.update((d, self._publish_at[version]) for d in device_ids)
         self.schedule(free, self.plane.training_released)
         self.schedule(self._publish_at[version], self.plane.published, version)
 
     def reload_rollout(self, version: int) -> None:
-        seconds = self.costs.read_s(self.policy, self.cfg.scenario.policy_tp)
+        parts = self.hw.reload(self.cfg.scenario.policy_tp)
+        seconds = sum(parts.values())
         devices = self.plane.drivers["rollout"].device_ids()
-        self._phases(self._now, "rollout", "reload", devices, {"gps_read_s": seconds})
+        self._phases(self._now, "rollout", "reload", devices, parts)
         self.roles["rollout"].stall_all(seconds, self._now)
 
     def _phases(self, start: float, role: str, direction: str, devices: list[int], parts: dict[str, float]) -> None:
@@ -254,8 +253,7 @@ class Simulator:
         return max([self._now, *(self._free_at.get(d, 0.0) for d in devices)])
 
     def _up_s(self, role: str) -> float:
-        model = self.policy if role == "rollout" else self.reward
-        return self.costs.inference_up_s(model, self.roles[role].tp)
+        return sum(self.hw.inference_up(role, self.roles[role].tp).values())
 
     # ------------------------------------------------------------------ observation
     def _sample(self) -> None:

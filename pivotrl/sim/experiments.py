@@ -22,7 +22,7 @@ from pivotrl.sim import paper, plots
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig, scenario
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
-from pivotrl.sim.runner import allocations, simulate, simulate_many
+from pivotrl.sim.runner import allocation_label, allocations, simulate, simulate_many
 from pivotrl.sim.workload import Workload
 
 __all__ = ["main", "EXPERIMENTS"]
@@ -217,9 +217,72 @@ def tab3(args: argparse.Namespace) -> dict[str, Any]:
     return {"migration": data}
 
 
+def _run_folders(root: Path) -> list[Path]:
+    """Every run folder of the real pipeline under ``root`` (a folder holding events.jsonl and summary.json)."""
+    found = sorted({p.parent for p in root.rglob("events.jsonl") if (p.parent / "summary.json").is_file()})
+    if not found:
+        raise SystemExit(f"fidelity: no run folder (events.jsonl and summary.json) under {root}")
+    return found
+
+
+def _measure_e2e(args: argparse.Namespace) -> Path:
+    """Run ``benchmarks/e2e.py --tuned`` on the chosen allocations, keeping every run folder; returns the folder."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "e2e.py"
+    if not script.is_file():
+        raise SystemExit(f"fidelity: {script} not found; measure the runs with it elsewhere and pass --runs DIR")
+    keep = args.out / "fidelity-runs"
+    cmd = [sys.executable, str(script), "--tuned", "--devices", *map(str, args.devices), "--keep", str(keep),
+           "--allocations", *args.allocations, "run.write_sequences=true"]
+    print("measuring:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return keep
+
+
+def fidelity(args: argparse.Namespace) -> dict[str, Any]:
+    """The simulator configured from each real run's own measurements (``pivotrl.sim.measured``) against the run:
+    per run its measured and simulated tok/s, and per device count each deployment's tok/s over PivotRL's
+    (``pivotrl`` runs; else the first shifting one), measured against simulated."""
+    from pivotrl.sim.measured import measure_run
+
+    root = args.runs if args.runs is not None else _measure_e2e(args)
+    rows = []
+    for folder in _run_folders(root):
+        run = measure_run(folder)
+        sim = run.simulate()
+        dep = run.config.deployment
+        rows.append({"deployment": dep.name, "allocation": allocation_label(dep), "devices": run.config.scenario.num_devices,
+                     "measured_tps": run.measured_tps, "simulated_tps": sim.generated_tokens / sim.finished_s,
+                     "measured_s": run.measured_s, "simulated_s": sim.finished_s, "folder": str(folder)})
+    worst = 0.0
+    for n in sorted({r["devices"] for r in rows}):
+        group = [r for r in rows if r["devices"] == n]
+        ref = next((r for r in group if r["deployment"] == "pivotrl"),
+                   next((r for r in group if r["allocation"].startswith("TR=")), group[0]))
+        for r in group:
+            r["measured_ratio"] = r["measured_tps"] / ref["measured_tps"]
+            r["simulated_ratio"] = r["simulated_tps"] / ref["simulated_tps"]
+            r["ratio_error"] = r["simulated_ratio"] / r["measured_ratio"] - 1.0
+            worst = max(worst, abs(r["ratio_error"]))
+    _table(["devices", "deployment", "allocation", "measured tok/s", "simulated tok/s", "sim/measured",
+            "measured ratio", "simulated ratio", "ratio error"],
+           [[r["devices"], r["deployment"], r["allocation"], f"{r['measured_tps']:.1f}", f"{r['simulated_tps']:.1f}",
+             f"{r['simulated_tps'] / r['measured_tps']:.2f}", f"{r['measured_ratio']:.3f}",
+             f"{r['simulated_ratio']:.3f}", f"{100 * r['ratio_error']:+.1f}%"] for r in rows])
+    print(f"max ratio error {100 * worst:.1f}% (ratio: a deployment's tok/s over PivotRL's at the same device count)")
+    plots.bars([f"{r['devices']} {r['deployment']} {r['allocation']}" for r in rows],
+               {"measured": [r["measured_tps"] for r in rows], "simulated": [r["simulated_tps"] for r in rows]},
+               args.out / "fidelity.png", "tok/s", "The simulator against the real runs")
+    return {"rows": rows, "max_ratio_error": worst}
+
+
 EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "fig9": fig9, "fig10": fig10, "fig11": fig11, "fig14": fig14, "tab2": tab2, "tab3": tab3,
+    "fig9": fig9, "fig10": fig10, "fig11": fig11, "fig14": fig14, "tab2": tab2, "tab3": tab3, "fidelity": fidelity,
 }
+# fidelity's default real runs: each deployment's best allocation in the tuned sweep on real engines (docs/runtime.md)
+FIDELITY_ALLOCATIONS = ("all", "1/1/2", "4/2/2", "2+2", "4+4", "TR=2", "TR=4")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -232,6 +295,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for independent runs")
     parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS), help="fig9: model groups to run")
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
+    parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
+                        "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
+    parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")
+    parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
+                        help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     data = EXPERIMENTS[args.name](args)

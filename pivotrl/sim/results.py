@@ -55,6 +55,7 @@ class SimResult:
     events: tuple[dict[str, Any], ...] = ()  # the event record (``SimConfig.record_events``)
     held_device_s: dict[str, float] = field(default_factory=dict)  # device-seconds each role held
     extra: dict[str, Any] = field(default_factory=dict)
+    finished_s: float = 0.0  # when the last trained version was published (the runtime's end of a run)
 
     @property
     def tps(self) -> float:
@@ -86,6 +87,7 @@ class SimResult:
             events=tuple(sim.events.events),
             held_device_s=sim.plane.held_device_seconds(until=sim.plane.finished_s),
             extra=dict(sim.deployment.describe()),
+            finished_s=sim.plane.finished_s or sim.step_end_s[-1],
         )
 
     def summary(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pivotrl.control.driver import RoleDriver
 from pivotrl.control.events import EventLog
 from pivotrl.scheduler import ShiftAwareScheduler, ThroughputModel
 from pivotrl.sim.replica import EPS_S, SimReplica
+from pivotrl.sim.series import series_time
 from pivotrl.sim.truth import TrueLatency
 
 __all__ = ["SimRole", "SimSlot", "MigrationRecord"]
@@ -192,14 +193,12 @@ class SimRole:
         events = self.events
         while True:
             if events.enabled:
-                t0, n0, running = rep.clock, rep.generated_total, rep.num_seqs
+                t0, kv0, running, A, K, f = rep.clock, rep.tokens, rep.num_seqs, rep.truth.A, rep.K, rep.factor
             m, finished = rep.sync(now, to_completion)
             if m:
                 driver.advance(rep.replica_id, m)
-                if events.enabled:  # what the engine generated over the segment, and the KV it then held
-                    events.emit_at(rep.clock, "tokens", role=self.role, replica=rep.replica_id,
-                                   tokens=rep.generated_total - n0, seconds=rep.clock - t0, kv=rep.tokens,
-                                   running=running)
+                if events.enabled:
+                    self._report(rep, t0, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))
             for seq_id in finished:
                 driver.finish(seq_id)
                 self._on_finished(self.role, seq_id, rep.clock)
@@ -210,6 +209,19 @@ class SimRole:
             to_completion = False
             if rep.clock >= now - EPS_S or not rep.seqs:
                 return True
+
+    def _report(self, rep: SimReplica, t0: float, kv0: int, running: int, m: int, num_finished: int,
+                before_last_s: float) -> None:
+        """The engine's progress reports over a segment of ``m`` iterations, as the runtime's engines report them
+        (``running`` and ``kv`` at the report's end, after the sequences that finished leave): a segment ending in
+        completions is its ``m - 1`` clean iterations, then the last one with the finishes."""
+        emit = self.events.emit_at
+        if num_finished and m > 1:
+            emit(t0 + before_last_s, "tokens", role=self.role, replica=rep.replica_id, tokens=running * (m - 1),
+                 seconds=before_last_s, kv=kv0 + running * (m - 1), running=running, steps=m - 1, finished=0)
+            t0, m = t0 + before_last_s, 1
+        emit(rep.clock, "tokens", role=self.role, replica=rep.replica_id, tokens=running * m, seconds=rep.clock - t0,
+             kv=rep.tokens, running=rep.num_seqs, steps=m, finished=num_finished)
 
     def _reschedule(self, rep: SimReplica) -> None:
         t = rep.next_completion()

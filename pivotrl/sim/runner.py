@@ -24,7 +24,7 @@ from pivotrl.sim.results import SimResult
 from pivotrl.sim.workload import Workload
 
 __all__ = ["make_deployment", "simulate", "simulate_many", "grid_step", "allocations", "device_allocations",
-           "grid_search"]
+           "grid_search", "allocation_label"]
 
 
 def make_deployment(cfg: SimConfig, strategy: Any = None) -> Deployment:
@@ -60,6 +60,17 @@ def device_allocations(n: int, g: int, base: DeploymentConfig) -> list[Deploymen
         return [rep(base, rollout_devices=n - tr, reward_devices=0, training_devices=tr) for tr in range(g, n, g)]
     sizes = sorted({max(1, k * n // 8) for k in (1, 2, 4, 6, 8)})
     return [rep(base, training_devices=tr) for tr in sizes]
+
+
+def allocation_label(d: DeploymentConfig) -> str:
+    """How the tuned sweeps name an allocation: ``all``, ``ro/rm/tr``, ``pool+tr`` or ``TR=tr``."""
+    if d.kind == "colocated":
+        return "all"
+    if d.kind == "disaggregated":
+        return f"{d.rollout_devices}/{d.reward_devices}/{d.training_devices}"
+    if d.kind == "rr_colocated":
+        return f"{d.rollout_devices}+{d.training_devices}"
+    return f"TR={d.training_devices}"
 
 
 def simulate_many(cfgs: list[SimConfig], workload: Workload | None = None, jobs: int = 1) -> list[SimResult | None]:

@@ -184,7 +184,7 @@ def test_the_machine_pace_is_the_median_small_batch_iteration() -> None:
 
     def tokens(role: str, running: int, tokens: int, seconds: float) -> dict:
         return {"t": 0.0, "kind": "tokens", "role": role, "replica": 0, "tokens": tokens, "seconds": seconds,
-                "kv": 0, "running": running}
+                "kv": 0, "running": running, "steps": tokens // running, "finished": 0}
 
     events = [tokens("rollout", 1, 10, 0.2), tokens("rollout", 2, 10, 0.1), tokens("rollout", 2, 4, 0.06),
               tokens("rollout", 8, 8, 5.0),  # a large batch: not a pace figure

@@ -90,7 +90,7 @@ def test_fluid_work_bound_equals_token_by_token_sum() -> None:
     for i in range(wl.seqs_per_step):
         for truth, (p, r) in ((sim.roles["rollout"].truth, wl.rollout(i)), (sim.roles["reward"].truth, wl.judge(i))):
             brute += truth.tp * truth.prefill_s(p) + sum(truth.best_token_cost_s(p + j) for j in range(r))
-    brute += sim.costs.training_device_s(sim.policy, wl.training_tokens(0))
+    brute += sim.hw.training_s(wl.training_tokens(0), 1)
     bound = fluid_bound(fixed, wl, cfg.hardware, cfg.costs)
     assert bound.work_s == pytest.approx(brute / fixed.num_devices, rel=1e-9)
 

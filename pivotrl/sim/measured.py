@@ -1,0 +1,258 @@
+"""The simulator configured from a real run's own measurements (issue: hold the simulator to the runtime).
+
+A run folder of the real pipeline (``pivotrl.runtime``) records what its engines, shifts and training did
+(``events.jsonl``), the config it ran (``config.yaml``), what it generated (``sequences.jsonl``, written with
+``run.write_sequences=true``) and its throughput (``summary.json``). ``measure_run`` turns that into a simulation of
+the same run: the same deployment and control, the same sequences, and a cluster that costs what the run measured:
+
+* **engines**: per inference role, the App. A model fitted to the run's clean decode reports (``tokens`` records
+  whose batch did not change: ``pivotrl.control.beliefs.decode_sample``), used both as the simulated truth and as
+  the belief the planner gets; decode only (prefills are folded into the reports left out of the fit, see
+  ``MeasuredHardware.prefill_s_per_token``);
+* **shifts**: the median measured seconds of each ``<role> <direction>`` phase (``shift_phase`` records), with the
+  run's own parts (weights, KV cache, optimizer states);
+* **training**: seconds = a + b · tokens, non-negative least squares over the run's steps (``training_start`` to
+  ``trained``, less the step's training shift up when it had one), scaled by devices as 1/n beyond the run's own
+  training set;
+* **publication**: the median GPS Write (``gps_write`` to ``published``);
+* **weight reload** of a live rollout replica (static deployments): the median ``rollout reload`` phase.
+
+Pure: numpy and the standard library (and ``yaml``, omegaconf's dependency, for ``config.yaml``).
+Invariant: every measured cost is finite and >= 0; a run folder missing what a measurement needs is refused with
+the file and the field named, never filled with a guess.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from pivotrl.control.beliefs import decode_sample
+from pivotrl.control.config import DeploymentConfig
+from pivotrl.control.events import read_events
+from pivotrl.scheduler import ThroughputModel
+from pivotrl.sim.config import Scenario, SimConfig
+from pivotrl.sim.truth import TrueLatency
+from pivotrl.sim.workload import Workload, WorkloadConfig
+
+__all__ = ["MeasuredHardware", "MeasuredRun", "measure_run", "fit_engine", "fit_training"]
+
+
+class MeasurementError(ValueError):
+    """A run folder does not hold what a measurement needs."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredHardware:
+    """A cluster that costs what one run measured (``pivotrl.sim.hardware.SimHardware``)."""
+
+    engines: dict[str, ThroughputModel]  # per inference role, the App. A fit of the run's decode reports
+    kv_capacity_tokens: dict[str, int]  # per inference role, the engines' real KV capacity
+    phases: dict[str, dict[str, float]]  # "<role> <direction>" -> median parts (seconds) of that shift phase
+    training_fixed_s: float  # a of a + b·tokens
+    training_s_per_token: float  # b, on ``training_devices`` devices
+    training_devices: int
+    publish_s: float  # GPS Write until published
+    devices_per_node: int = 1 << 30  # one node: every device is local
+    noise_sigma: float = 0.0  # the fit is the central estimate: no extra slowdown
+    write_first: bool = True  # the runtime writes the trained version to GPS, then shifts training down
+    prefill_s_per_token: float = 0.0  # not separable from the decode reports on this runtime
+
+    def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
+        m = self.engines[role]
+        truth = TrueLatency(tp=tp, A=m.A, dense_weight_s=m.B, expert_weight_s=0.0, expert_hit=0.0, C=m.C, E=0.0,
+                            D=m.D, prefill_per_token_s=self.prefill_s_per_token, prefill_per_token2_s=0.0,
+                            kv_capacity_tokens=self.kv_capacity_tokens[role])
+        return truth, m
+
+    def _phase(self, key: str) -> dict[str, float]:
+        return dict(self.phases.get(key, {}))
+
+    def inference_up(self, role: str, tp: int) -> dict[str, float]:
+        return self._phase(f"{role} up")
+
+    def inference_down(self, role: str) -> dict[str, float]:
+        return self._phase(f"{role} down")
+
+    def training_up(self, num_devices: int) -> dict[str, float]:
+        return self._phase("training up")
+
+    def training_down(self, num_devices: int) -> dict[str, float]:
+        return self._phase("training down")
+
+    def training_s(self, tokens: int, num_devices: int) -> float:
+        return self.training_fixed_s + self.training_s_per_token * tokens * self.training_devices / num_devices
+
+    def write_s(self, num_devices: int) -> float:
+        return self.publish_s
+
+    def reload(self, tp: int) -> dict[str, float]:
+        return self._phase("rollout reload")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredRun:
+    """One real run, ready to simulate: ``simulate()`` runs its deployment on what it measured."""
+
+    folder: Path
+    label: str
+    config: SimConfig
+    workload: Workload
+    hardware: MeasuredHardware
+    measured_tps: float  # the run's generated tokens / seconds from its first placement to its last publication
+    measured_s: float
+
+    def simulate(self, **deployment: Any) -> Any:
+        """The simulated run (``SimResult``); ``deployment`` overrides fields of the run's deployment config."""
+        from pivotrl.sim.engine import Simulator
+        from pivotrl.sim.runner import make_deployment
+
+        cfg = self.config if not deployment else dataclasses.replace(
+            self.config, deployment=dataclasses.replace(self.config.deployment, **deployment))
+        return Simulator(cfg, make_deployment(cfg), self.workload, self.hardware).run()
+
+
+def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
+    """The App. A model of ``role``'s engine iterations as the run's wall clock saw them.
+
+    Samples: the clean decode reports (no join, no finish: ``decode_sample``); one of a replica that was decoding
+    since its previous report is timed from that report to this one, so what a device spends per iteration outside
+    the engine's own step (the emulated device's pacing, the worker's messages and log-probs) is in it; one after
+    an idle spell, by the engine's own step time; one across a weight reload is left out. Then scaled
+    by the samples' mean ratio of measured to fitted time (the fit's relative least squares sits near the median
+    of right-skewed noise, and the simulator wants the mean)."""
+    rows = []
+    previous: dict[Any, dict[str, Any]] = {}
+    devices: dict[Any, list[int]] = {}
+    reloads: dict[int, list[tuple[float, float]]] = {}  # device -> new weights loaded into its live engine (from, to)
+    for e in events:
+        if e["kind"] == "replica_start":
+            devices[e["replica"]] = list(e["devices"])
+        elif e["kind"] == "shift_phase" and e["direction"] == "reload":
+            reloads.setdefault(e["device"], []).append((e["start_s"], e["start_s"] + e["seconds"]))
+    for e in events:
+        if e["kind"] != "tokens" or e["role"] != role:
+            continue
+        before, previous[e["replica"]] = previous.get(e["replica"]), e
+        s = decode_sample(kv_used_tokens=e["kv"], num_running_seqs=e["running"], num_new_tokens=e["tokens"],
+                          num_steps=e["steps"], latency_s=e["seconds"], num_finished=e["finished"], time_s=e["t"])
+        if s is None:
+            continue
+        if before is None or before["running"] == 0:  # the engine may have idled since its last report: its own time
+            rows.append(s.row())
+        elif not any(lo < e["t"] and hi > before["t"] for d in devices.get(e["replica"], ())
+                     for lo, hi in reloads.get(d, ())):  # (a weight reload paused it: a cost of its own)
+            rows.append((s.num_tokens, s.num_seqs, max(e["t"] - before["t"], e["seconds"]) / e["steps"]))
+    if len(rows) < 4:
+        raise MeasurementError(f"{role}: {len(rows)} clean decode reports in the event record, need >= 4 to fit "
+                               f"its engine model")
+    fit = ThroughputModel.fit(rows)
+    ratio = float(np.mean([lat / fit.latency(t, n) for t, n, lat in rows]))
+    return ThroughputModel(A=fit.A * ratio, B=fit.B * ratio, C=fit.C * ratio, D=fit.D * ratio)
+
+
+def fit_training(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 of seconds = a + b·tokens, least squares over ``(tokens, seconds)`` steps."""
+    if not samples:
+        raise MeasurementError("no trained step in the event record")
+    tokens = np.array([float(t) for t, _ in samples])
+    seconds = np.array([s for _, s in samples])
+    if len(samples) == 1 or np.ptp(tokens) == 0:
+        return 0.0, float(seconds.sum() / tokens.sum())
+    (a, b), _ = nnls(np.column_stack([np.ones_like(tokens), tokens]), seconds)
+    return float(a), float(b)
+
+
+def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["kind"] == "shift_phase":
+            by.setdefault(f"{e['role']} {e['direction']}", []).append(e)
+    out = {}
+    for key, rows in by.items():
+        names = sorted({k for r in rows for k in r["parts"]})
+        parts = {k: statistics.median(float(r["parts"].get(k, 0.0)) for r in rows) for k in names}
+        total = statistics.median(float(r["seconds"]) for r in rows)
+        rest = total - sum(parts.values())
+        if rest > 0:  # time the worker measured outside its named parts
+            parts["other_s"] = rest
+        out[key] = {k: max(0.0, v) for k, v in parts.items()}
+    return out
+
+
+def _load(folder: Path, name: str) -> Any:
+    path = folder / name
+    if not path.is_file():
+        raise MeasurementError(f"{path}: missing (a run folder of the real pipeline holds it)")
+    if name.endswith(".json"):
+        return json.loads(path.read_text())
+    if name.endswith(".yaml"):
+        import yaml
+
+        return yaml.safe_load(path.read_text())
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _workload(seqs: list[dict[str, Any]], num_steps: int, per_step: int, folder: Path) -> Workload:
+    by_id = {int(r["seq_id"]): r for r in seqs}
+    want = num_steps * per_step
+    missing = [i for i in range(want) if i not in by_id]
+    if missing:
+        raise MeasurementError(f"{folder / 'sequences.jsonl'}: {len(missing)} of {want} sequences missing (first "
+                               f"{missing[0]}); run with run.write_sequences=true")
+    shape = (num_steps, per_step)
+    prompt = np.array([len(by_id[i]["prompt_ids"]) for i in range(want)], dtype=np.int64).reshape(shape)
+    response = np.array([len(by_id[i]["response_ids"] or ()) for i in range(want)], dtype=np.int64).reshape(shape)
+    judgement = np.array([len(by_id[i]["judgement_ids"] or ()) for i in range(want)], dtype=np.int64).reshape(shape)
+    judge_prompt = np.array([len(by_id[i]["judge_prompt_ids"] or ()) for i in range(want)]).reshape(shape)
+    template = max(0, int(np.median(judge_prompt - prompt - response)))
+    return Workload(prompt, np.maximum(response, 1), np.maximum(judgement, 1), template)
+
+
+def measure_run(folder: Path | str, label: str = "") -> MeasuredRun:
+    """The simulation of one real run folder on the cluster it measured."""
+    folder = Path(folder)
+    cfg = _load(folder, "config.yaml")
+    summary = _load(folder, "summary.json")
+    events = read_events(folder)
+    seqs = _load(folder, "sequences.jsonl")
+    run = next(e for e in events if e["kind"] == "run")
+    num_steps, per_step, num_devices = int(run["num_steps"]), int(run["seqs_per_step"]), int(run["devices"])
+    workload = _workload(seqs, num_steps, per_step, folder)
+    dep = DeploymentConfig(**cfg["deployment"])
+    training_devices = num_devices if dep.kind == "colocated" else dep.training_devices
+    phases = _phases(events)
+    # the runtime marks a training start when it asks the training set, which then shifts up if it must; the
+    # simulator marks it once the shift up is done
+    up_s = sum(phases.get("training up", {}).values()) if run["backend"] == "runtime" else 0.0
+    starts = {e["step"]: e for e in events if e["kind"] == "training_start"}
+    steps = []
+    for e in events:
+        if e["kind"] == "trained" and e["step"] in starts:
+            start = starts[e["step"]]
+            seconds = e["t"] - start["t"] - (up_s if start["shift_up"] else 0.0)
+            steps.append((workload.training_tokens(e["step"]), max(seconds, 0.0)))
+    a, b = fit_training(steps)
+    writes = {e["version"]: e["t"] for e in events if e["kind"] == "gps_write"}
+    publish = [e["t"] - writes[e["version"]] for e in events if e["kind"] == "published" and e["version"] in writes]
+    kv = summary.get("kv_capacity_tokens")
+    if not isinstance(kv, dict) or set(kv) != {"rollout", "reward"}:
+        raise MeasurementError(f"{folder / 'summary.json'}: kv_capacity_tokens must give rollout and reward, got {kv!r}")
+    hardware = MeasuredHardware(engines={r: fit_engine(events, r) for r in ("rollout", "reward")},
+                                kv_capacity_tokens={r: int(v) for r, v in kv.items()}, phases=phases,
+                                training_fixed_s=a, training_s_per_token=b, training_devices=training_devices,
+                                publish_s=statistics.median(publish) if publish else 0.0)
+    models = cfg["models"]
+    scenario = Scenario(name=f"measured:{folder.name}", policy="Qwen2.5-1.5B", reward="Qwen2.5-1.5B",
+                        num_devices=num_devices, policy_tp=int(models["policy_tp"]), reward_tp=int(models["genrm_tp"]),
+                        workload=WorkloadConfig(num_steps=num_steps, prompts_per_step=int(cfg["data"]["prompts_per_step"]),
+                                                group_size=int(cfg["data"]["group_size"])))
+    sim_cfg = SimConfig(scenario=scenario, deployment=dep, record_events=True, idle_stall_s=120.0)
+    return MeasuredRun(folder=folder, label=label or folder.name, config=sim_cfg, workload=workload,
+                       hardware=hardware, measured_tps=float(summary["tps"]), measured_s=float(summary["seconds"]))

@@ -1,0 +1,128 @@
+"""The simulator configured from a run's own record (pivotrl.sim.measured): a simulated run, written out as a run
+folder of the real pipeline, measured and simulated again, must come back as itself."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pivotrl.control.beliefs import decode_sample
+from pivotrl.scheduler import ThroughputModel
+from pivotrl.sim import SimConfig
+from pivotrl.sim.engine import Simulator
+from pivotrl.sim.measured import MeasuredHardware, MeasurementError, fit_training, measure_run
+from pivotrl.sim.runner import make_deployment
+from tests.sim.simcases import DEPLOYMENTS, tiny_scenario
+
+
+def _as_run_folder(sim: Simulator, folder: Path) -> Path:
+    """What the real pipeline writes of a run (config.yaml, summary.json, events.jsonl, sequences.jsonl)."""
+    folder.mkdir(parents=True)
+    sc, dep, wl = sim.cfg.scenario, sim.cfg.deployment, sim.workload
+    config = {"deployment": dataclasses.asdict(dep), "models": {"policy_tp": sc.policy_tp, "genrm_tp": sc.reward_tp},
+              "data": {"prompts_per_step": sc.workload.prompts_per_step, "group_size": sc.workload.group_size}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    finished = sim.plane.finished_s
+    (folder / "summary.json").write_text(json.dumps({
+        "tps": wl.generated_tokens() / finished, "seconds": finished,
+        "kv_capacity_tokens": {r: sim.roles[r].truth.kv_capacity_tokens for r in ("rollout", "reward")}}))
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in sim.events.events))
+    lines = []
+    for i in range(wl.num_steps * wl.seqs_per_step):
+        (p, r), (jp, j) = wl.rollout(i), wl.judge(i)
+        lines.append(json.dumps({"seq_id": i, "prompt_ids": [0] * p, "response_ids": [0] * r,
+                                 "judge_prompt_ids": [0] * jp, "judgement_ids": [0] * j}))
+    (folder / "sequences.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+# a cluster of the measured kind (no prefill cost, the Write before training's shift down), with an engine kink
+# inside the batch sizes the tiny scenario visits
+SOURCE = MeasuredHardware(
+    engines={"rollout": ThroughputModel(A=2e-7, B=4e-3, C=1e-3, D=2e-3),
+             "reward": ThroughputModel(A=3e-7, B=6e-3, C=2e-3, D=1e-3)},
+    kv_capacity_tokens={"rollout": 200_000, "reward": 100_000},
+    phases={"rollout up": {"parameters_s": 0.3, "temporary_s": 0.1}, "rollout down": {"temporary_s": 0.05},
+            "reward up": {"parameters_s": 0.4}, "reward down": {"temporary_s": 0.02},
+            "training up": {"parameters_s": 0.2, "offloadable_s": 0.1}, "training down": {"offloadable_s": 0.1},
+            "rollout reload": {"parameters_s": 0.15}},
+    training_fixed_s=0.3, training_s_per_token=2e-4, training_devices=2, publish_s=0.25)
+
+
+def _source(kind: str) -> Simulator:
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=3), deployment=DEPLOYMENTS[kind], record_events=True)
+    sim = Simulator(cfg, make_deployment(cfg), hardware=SOURCE)
+    sim.run()
+    return sim
+
+
+@pytest.mark.parametrize("kind", ["disaggregated", "pivotrl", "colocated"])
+def test_a_simulated_run_measured_from_its_own_record_simulates_back_to_itself(kind: str, tmp_path: Path) -> None:
+    source = _source(kind)
+    run = measure_run(_as_run_folder(source, tmp_path / kind))
+    assert run.workload.generated_tokens() == source.workload.generated_tokens()  # the same sequences
+    for role in ("rollout", "reward"):  # the engine fit recovers the noiseless truth where the run measured it
+        truth, fit = source.roles[role].truth, run.hardware.engines[role]
+        seen = [decode_sample(kv_used_tokens=e["kv"], num_running_seqs=e["running"], num_new_tokens=e["tokens"],
+                              num_steps=e["steps"], latency_s=e["seconds"], num_finished=e["finished"], time_s=e["t"])
+                for e in source.events.events if e["kind"] == "tokens" and e["role"] == role]
+        seen = [s for s in seen if s is not None]
+        assert len(seen) >= 4
+        for s in seen:
+            assert fit.latency(s.num_tokens, s.num_seqs) == pytest.approx(s.latency_s, rel=1e-6)
+            assert s.latency_s == pytest.approx(truth.latency(s.num_tokens, s.num_seqs), rel=1e-6)
+    hw = run.hardware
+    for key, parts in SOURCE.phases.items():  # every shift phase the run went through, as charged
+        if key in hw.phases:
+            assert hw.phases[key] == pytest.approx(parts)
+    assert {"training up", "training down"} <= set(hw.phases) or kind == "disaggregated"
+    for tokens in (1_000, 5_000):
+        assert hw.training_s(tokens, 2) == pytest.approx(SOURCE.training_s(tokens, 2), rel=1e-6)
+    assert hw.publish_s == pytest.approx(SOURCE.publish_s)
+    again = run.simulate()
+    # the engine fit agrees with the truth where the run measured it; beyond (the planner's what-ifs) it may not
+    tol = 1e-6 if kind != "pivotrl" else 0.05
+    assert again.finished_s == pytest.approx(source.plane.finished_s, rel=tol)
+    assert run.measured_tps == pytest.approx(again.generated_tokens / again.finished_s, rel=tol)
+
+
+@settings(max_examples=50, deadline=None)
+@given(a=st.floats(0, 5), b=st.floats(1e-6, 1e-2),
+       tokens=st.lists(st.integers(100, 100_000), min_size=2, max_size=10, unique=True))
+def test_training_fit_recovers_a_line(a: float, b: float, tokens: list[int]) -> None:
+    got_a, got_b = fit_training([(t, a + b * t) for t in tokens])
+    for t in tokens:
+        assert got_a + got_b * t == pytest.approx(a + b * t, rel=1e-6, abs=1e-9)
+
+
+def test_a_folder_missing_its_record_is_refused_naming_the_file(tmp_path: Path) -> None:
+    source = _source("disaggregated")
+    folder = _as_run_folder(source, tmp_path / "run")
+    (folder / "sequences.jsonl").unlink()
+    with pytest.raises(MeasurementError, match="sequences.jsonl"):
+        measure_run(folder)
+    (folder / "sequences.jsonl").write_text(json.dumps({"seq_id": 0, "prompt_ids": [1], "response_ids": [1],
+                                                        "judge_prompt_ids": [1], "judgement_ids": [1]}) + "\n")
+    with pytest.raises(MeasurementError, match="write_sequences"):
+        measure_run(folder)
+
+
+def test_the_fidelity_command_holds_the_simulator_to_run_folders(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from pivotrl.sim.experiments import main
+
+    for kind in ("disaggregated", "pivotrl"):
+        _as_run_folder(_source(kind), tmp_path / "runs" / kind)
+    data = main(["fidelity", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--json"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(json.dumps(data))
+    rows = {r["deployment"]: r for r in data["rows"]}
+    assert set(rows) == {"disaggregated", "pivotrl"} and {r["devices"] for r in data["rows"]} == {8}
+    assert rows["pivotrl"]["measured_ratio"] == rows["pivotrl"]["simulated_ratio"] == 1.0
+    assert rows["disaggregated"]["simulated_tps"] == pytest.approx(rows["disaggregated"]["measured_tps"], rel=1e-6)
+    assert data["max_ratio_error"] == pytest.approx(max(abs(r["ratio_error"]) for r in data["rows"]))
+    assert data["max_ratio_error"] < 0.05
