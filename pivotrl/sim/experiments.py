@@ -248,9 +248,10 @@ def fidelity(args: argparse.Namespace) -> dict[str, Any]:
     from pivotrl.sim.measured import measure_run
 
     root = args.runs if args.runs is not None else _measure_e2e(args)
-    rows = []
+    rows, measured = [], []
     for folder in _run_folders(root):
         run = measure_run(folder)
+        measured.append(run)
         sim = run.simulate()
         dep = run.config.deployment
         rows.append({"deployment": dep.name, "allocation": allocation_label(dep), "devices": run.config.scenario.num_devices,
@@ -272,10 +273,49 @@ def fidelity(args: argparse.Namespace) -> dict[str, Any]:
              f"{r['simulated_tps'] / r['measured_tps']:.2f}", f"{r['measured_ratio']:.3f}",
              f"{r['simulated_ratio']:.3f}", f"{100 * r['ratio_error']:+.1f}%"] for r in rows])
     print(f"max ratio error {100 * worst:.1f}% (ratio: a deployment's tok/s over PivotRL's at the same device count)")
+    sweep = _calibrated_sweep(measured)
     plots.bars([f"{r['devices']} {r['deployment']} {r['allocation']}" for r in rows],
                {"measured": [r["measured_tps"] for r in rows], "simulated": [r["simulated_tps"] for r in rows]},
                args.out / "fidelity.png", "tok/s", "The simulator against the real runs")
-    return {"rows": rows, "max_ratio_error": worst}
+    return {"rows": rows, "max_ratio_error": worst, "calibrated_sweep": sweep}
+
+
+def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
+    """Per device count, every allocation of every deployment on the cluster the runs measured (the reference run's
+    engines and shifts, training pooled over the runs' training sets): what tuning each would reach there."""
+    from pivotrl.sim.engine import Simulator
+    from pivotrl.sim.measured import pooled
+    from pivotrl.sim.runner import device_allocations, make_deployment
+
+    out: dict[str, Any] = {}
+    for n in sorted({m.config.scenario.num_devices for m in measured}):
+        group = [m for m in measured if m.config.scenario.num_devices == n]
+        ref = next((m for m in group if m.config.deployment.kind == "shiftable"), group[0])
+        hw = pooled(group, ref)
+        keep = {f: getattr(ref.config.deployment, f) for f in ("staleness", "tick_s", "max_tick_s", "tail_guard")}
+        prompts = ref.config.scenario.workload.prompts_per_step
+        data: dict[str, Any] = {}
+        for kind in KINDS + BEYOND:
+            base = _base(kind, **keep)
+            tried = {}
+            for d in device_allocations(n, ref.config.scenario.unit, base):
+                if d.kind != "colocated" and prompts % d.training_devices:
+                    continue  # whole GRPO groups per training rank (benchmarks/e2e.py tries the same)
+                cfg = dataclasses.replace(ref.config, deployment=d)
+                r = Simulator(cfg, make_deployment(cfg), ref.workload, hw).run()
+                tried[allocation_label(d)] = r.generated_tokens / r.finished_s
+            best = max(tried, key=tried.__getitem__)
+            data[kind] = {"best": best, "tps": tried[best], "tried": tried}
+        static = max(data[k]["tps"] for k in KINDS if k != "pivotrl")
+        out[str(n)] = {"deployments": data, "pivotrl_over_best_static": data["pivotrl"]["tps"] / static,
+                       **{f"{k}_over_best_static": data[k]["tps"] / static for k in BEYOND},
+                       "training_s_per_token": dict(hw.training_by_devices)}
+        print(f"\ncalibrated sweep, {n} devices (the reference run's engines and shifts, training over "
+              f"{len(group)} runs' training sets):")
+        _table(["deployment", "best", "tok/s", "vs best static", "tried"],
+               [[k, v["best"], f"{v['tps']:.1f}", f"{v['tps'] / static:.2f}",
+                 " ".join(f"{a} {t:.0f}" for a, t in v["tried"].items())] for k, v in data.items()])
+    return out
 
 
 EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

@@ -13,7 +13,8 @@ the same run: the same deployment and control, the same sequences, and a cluster
   run's own parts (weights, KV cache, optimizer states);
 * **training**: seconds = a + b · tokens, non-negative least squares over the run's steps (``training_start`` to
   ``trained``, less the step's training shift up when it had one), scaled by devices as 1/n beyond the run's own
-  training set;
+  training set; or, pooled over runs on different training sets (``pooled``), seconds per token at each measured
+  training-set size, interpolated log-log between them (and extrapolated along the nearest measured slope);
 * **publication**: the median GPS Write (``gps_write`` to ``published``);
 * **weight reload** of a live rollout replica (static deployments): the median ``rollout reload`` phase.
 
@@ -41,7 +42,8 @@ from pivotrl.sim.config import Scenario, SimConfig
 from pivotrl.sim.truth import TrueLatency
 from pivotrl.sim.workload import Workload, WorkloadConfig
 
-__all__ = ["MeasuredHardware", "MeasuredRun", "measure_run", "fit_engine", "fit_training"]
+__all__ = ["MeasuredHardware", "MeasuredRun", "measure_run", "fit_engine", "fit_training", "pooled",
+           "MeasurementError"]
 
 
 class MeasurementError(ValueError):
@@ -62,6 +64,8 @@ class MeasuredHardware:
     devices_per_node: int = 1 << 30  # one node: every device is local
     noise_sigma: float = 0.0  # the fit is the central estimate: no extra slowdown
     write_first: bool = True  # the runtime writes the trained version to GPS, then shifts training down
+    # (training-set size, seconds per trained token) measured over several runs; when given, training_s follows it
+    training_by_devices: tuple[tuple[int, float], ...] = ()
     prefill_s_per_token: float = 0.0  # not separable from the decode reports on this runtime
 
     def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
@@ -87,6 +91,8 @@ class MeasuredHardware:
         return self._phase("training down")
 
     def training_s(self, tokens: int, num_devices: int) -> float:
+        if self.training_by_devices:
+            return tokens * _loglog(self.training_by_devices, num_devices)
         return self.training_fixed_s + self.training_s_per_token * tokens * self.training_devices / num_devices
 
     def write_s(self, num_devices: int) -> float:
@@ -107,6 +113,7 @@ class MeasuredRun:
     hardware: MeasuredHardware
     measured_tps: float  # the run's generated tokens / seconds from its first placement to its last publication
     measured_s: float
+    training_steps: tuple[tuple[int, float], ...] = ()  # (tokens, seconds) of each trained step
 
     def simulate(self, **deployment: Any) -> Any:
         """The simulated run (``SimResult``); ``deployment`` overrides fields of the run's deployment config."""
@@ -116,6 +123,31 @@ class MeasuredRun:
         cfg = self.config if not deployment else dataclasses.replace(
             self.config, deployment=dataclasses.replace(self.config.deployment, **deployment))
         return Simulator(cfg, make_deployment(cfg), self.workload, self.hardware).run()
+
+
+def _loglog(points: tuple[tuple[int, float], ...], n: int) -> float:
+    """``points`` (x, y) interpolated at ``n`` on log-log axes; beyond them along the nearest segment's slope,
+    clipped to [-1, 0] (more devices never slow training, nor speed it up more than linearly)."""
+    xs = np.log([x for x, _ in points])
+    ys = np.log([y for _, y in points])
+    if len(points) == 1:
+        return float(np.exp(ys[0]) * points[0][0] / n)  # one size measured: linear scaling
+    x = np.log(n)
+    i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
+    slope = float(np.clip((ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]), -1.0, 0.0))
+    return float(np.exp(ys[i] + slope * (x - xs[i])))
+
+
+def pooled(runs: list["MeasuredRun"], reference: "MeasuredRun") -> MeasuredHardware:
+    """``reference``'s hardware with training measured over every run: each training-set size's seconds per trained
+    token (the median over the runs of that size)."""
+    by: dict[int, list[float]] = {}
+    for r in runs:
+        tokens = sum(t for t, _ in r.training_steps)
+        if tokens:
+            by.setdefault(r.hardware.training_devices, []).append(sum(s for _, s in r.training_steps) / tokens)
+    points = tuple(sorted((n, statistics.median(v)) for n, v in by.items()))
+    return dataclasses.replace(reference.hardware, training_by_devices=points)
 
 
 def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
@@ -255,4 +287,5 @@ def measure_run(folder: Path | str, label: str = "") -> MeasuredRun:
                                                 group_size=int(cfg["data"]["group_size"])))
     sim_cfg = SimConfig(scenario=scenario, deployment=dep, record_events=True, idle_stall_s=120.0)
     return MeasuredRun(folder=folder, label=label or folder.name, config=sim_cfg, workload=workload,
-                       hardware=hardware, measured_tps=float(summary["tps"]), measured_s=float(summary["seconds"]))
+                       hardware=hardware, measured_tps=float(summary["tps"]), measured_s=float(summary["seconds"]),
+                       training_steps=tuple(steps))

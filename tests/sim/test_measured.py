@@ -15,7 +15,7 @@ from pivotrl.control.beliefs import decode_sample
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim import SimConfig
 from pivotrl.sim.engine import Simulator
-from pivotrl.sim.measured import MeasuredHardware, MeasurementError, fit_training, measure_run
+from pivotrl.sim.measured import MeasuredHardware, MeasuredRun, MeasurementError, fit_training, measure_run, pooled
 from pivotrl.sim.runner import make_deployment
 from tests.sim.simcases import DEPLOYMENTS, tiny_scenario
 
@@ -126,3 +126,26 @@ def test_the_fidelity_command_holds_the_simulator_to_run_folders(tmp_path: Path,
     assert rows["disaggregated"]["simulated_tps"] == pytest.approx(rows["disaggregated"]["measured_tps"], rel=1e-6)
     assert data["max_ratio_error"] == pytest.approx(max(abs(r["ratio_error"]) for r in data["rows"]))
     assert data["max_ratio_error"] < 0.05
+    sweep = data["calibrated_sweep"]["8"]
+    for kind, v in sweep["deployments"].items():
+        assert v["tps"] == max(v["tried"].values()) > 0 and v["best"] in v["tried"]
+    static = max(sweep["deployments"][k]["tps"] for k in ("colocated", "disaggregated", "rr_colocated"))
+    assert sweep["pivotrl_over_best_static"] == pytest.approx(sweep["deployments"]["pivotrl"]["tps"] / static)
+
+
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=4, unique=True),
+       rate=st.floats(1e-5, 1e-2), exponent=st.floats(0.0, 1.0))
+def test_pooled_training_passes_through_each_measured_size_and_never_slows_with_devices(
+        sizes: list[int], rate: float, exponent: float) -> None:
+    per_token = {n: rate * n ** -exponent for n in sizes}
+    runs = [MeasuredRun(folder=Path("."), label=str(n), config=None, workload=None,  # type: ignore[arg-type]
+                        hardware=dataclasses.replace(SOURCE, training_devices=n), measured_tps=1.0, measured_s=1.0,
+                        training_steps=((1000, 1000 * per_token[n]), (3000, 3000 * per_token[n])))
+            for n in sizes]
+    hw = pooled(runs, runs[0])
+    for n in sizes:
+        assert hw.training_s(10_000, n) == pytest.approx(10_000 * per_token[n], rel=1e-9)
+    times = [hw.training_s(10_000, n) for n in range(1, 17)]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))  # more devices never train slower
+    assert all(times[n - 1] * n >= times[0] * (1 - 1e-9) for n in range(1, 17))  # nor faster than linearly
