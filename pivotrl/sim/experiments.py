@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from pivotrl.sim import paper, plots
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig, scenario
-from pivotrl.sim.fluid import fluid_bound
+from pivotrl.sim.fluid import fluid_bound, fluid_bound_on
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import allocation_label, allocations, simulate, simulate_many
 from pivotrl.sim.workload import Workload
@@ -235,7 +235,7 @@ def _measure_e2e(args: argparse.Namespace) -> Path:
         raise SystemExit(f"fidelity: {script} not found; measure the runs with it elsewhere and pass --runs DIR")
     keep = args.out / "fidelity-runs"
     cmd = [sys.executable, str(script), "--tuned", "--devices", *map(str, args.devices), "--keep", str(keep),
-           "--allocations", *args.allocations, "run.write_sequences=true"]
+           "--allocations", *args.allocations, "--", "run.write_sequences=true"]
     print("measuring:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     return keep
@@ -307,13 +307,17 @@ def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
             best = max(tried, key=tried.__getitem__)
             data[kind] = {"best": best, "tps": tried[best], "tried": tried}
         static = max(data[k]["tps"] for k in KINDS if k != "pivotrl")
+        sc = ref.config.scenario
+        bound = fluid_bound_on(hw, ref.workload, n, sc.policy_tp, sc.reward_tp, keep["staleness"])
         out[str(n)] = {"deployments": data, "pivotrl_over_best_static": data["pivotrl"]["tps"] / static,
                        **{f"{k}_over_best_static": data[k]["tps"] / static for k in BEYOND},
+                       "fluid_bound_tps": bound.tps, "bound_over_best_static": bound.tps / static,
                        "training_s_per_token": dict(hw.training_by_devices)}
         print(f"\ncalibrated sweep, {n} devices (the reference run's engines and shifts, training over "
-              f"{len(group)} runs' training sets):")
-        _table(["deployment", "best", "tok/s", "vs best static", "tried"],
-               [[k, v["best"], f"{v['tps']:.1f}", f"{v['tps'] / static:.2f}",
+              f"{len(group)} runs' training sets; fluid bound {bound.tps:.1f} tok/s = {bound.tps / static:.2f}x the "
+              f"best static, its critical path {bound.path_s:.1f} s, its work {bound.work_s:.1f} s):")
+        _table(["deployment", "best", "tok/s", "vs best static", "of bound", "tried"],
+               [[k, v["best"], f"{v['tps']:.1f}", f"{v['tps'] / static:.2f}", f"{v['tps'] / bound.tps:.2f}",
                  " ".join(f"{a} {t:.0f}" for a, t in v["tried"].items())] for k, v in data.items()])
     return out
 

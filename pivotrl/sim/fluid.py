@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pivotrl.sim.catalog import device_spec, model_spec
 from pivotrl.sim.config import Scenario
-from pivotrl.sim.costs import CostConfig, CostModel
+from pivotrl.sim.costs import CostConfig
+from pivotrl.sim.hardware import CatalogHardware, SimHardware
 from pivotrl.sim.truth import HardwareConfig, TrueLatency
 from pivotrl.sim.workload import Workload
 
-__all__ = ["FluidBound", "fluid_bound"]
+__all__ = ["FluidBound", "fluid_bound", "fluid_bound_on"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,24 +55,31 @@ def _decode(truth: TrueLatency, prompt: np.ndarray, response: np.ndarray) -> tup
 
 def fluid_bound(sc: Scenario, workload: Workload, hardware: HardwareConfig | None = None,
                 costs: CostConfig | None = None, staleness: int = 2) -> FluidBound:
-    hw = hardware or HardwareConfig()
-    device = device_spec(sc.device)
-    policy, reward = model_spec(sc.policy), model_spec(sc.reward)
-    cost = CostModel(device, costs or CostConfig())
-    ro = TrueLatency.build(policy, device, sc.policy_tp, hw)
-    rm = TrueLatency.build(reward, device, sc.reward_tp, hw)
-    wl, n = workload, sc.num_devices
+    """The bound of a scenario on its catalogued models and device."""
+    hw = CatalogHardware(sc.policy, sc.reward, sc.device, hardware or HardwareConfig(), costs or CostConfig())
+    return fluid_bound_on(hw, workload, sc.num_devices, sc.policy_tp, sc.reward_tp, staleness)
+
+
+def fluid_bound_on(hw: SimHardware, workload: Workload, num_devices: int, policy_tp: int = 1, reward_tp: int = 1,
+                   staleness: int = 2) -> FluidBound:
+    """The bound on any cluster the simulator can run (``pivotrl.sim.hardware``: catalogued or measured). A step's
+    training costs at least its fewest device·seconds over training-set sizes 1..N (work) and its time on all N
+    devices (path)."""
+    ro, rm = hw.truth("rollout", policy_tp), hw.truth("reward", reward_tp)
+    wl, n = workload, num_devices
     judge_prompt = wl.prompt + wl.response + wl.judge_template_tokens
     ro_work, ro_path = _decode(ro, wl.prompt, wl.response)
     rm_work, rm_path = _decode(rm, judge_prompt, wl.judgement)
-    train_work = np.array([cost.training_device_s(policy, wl.training_tokens(s)) for s in range(wl.num_steps)])
+    tokens_by_step = [wl.training_tokens(s) for s in range(wl.num_steps)]
+    train_work = np.array([min(k * hw.training_s(t, k) for k in range(1, n + 1)) for t in tokens_by_step])
+    train_path = np.array([hw.training_s(t, n) for t in tokens_by_step])
     work_s = float(ro_work.sum() + rm_work.sum() + train_work.sum()) / n
     seq_path = (ro_path + rm_path).max(axis=1)  # per step: the slowest rollout + judgement chain
     trained: list[float] = []
     for s in range(wl.num_steps):
         start = trained[s - staleness - 1] if s - staleness - 1 >= 0 else 0.0
         previous = trained[s - 1] if s else 0.0
-        trained.append(max(start + float(seq_path[s]), previous) + float(train_work[s]) / n)
+        trained.append(max(start + float(seq_path[s]), previous) + float(train_path[s]))
     tokens = wl.generated_tokens()
     path_s = trained[-1]
     return FluidBound(tps=tokens / max(work_s, path_s), work_s=work_s, path_s=path_s, generated_tokens=tokens)

@@ -29,6 +29,9 @@ class SimHardware(Protocol):
     noise_sigma: float  # run-to-run slowdown noise of a decode iteration (f = 1 + σ·|z|)
     write_first: bool  # after training: the GPS Write, then the shift down (the runtime); else the reverse
 
+    def truth(self, role: str, tp: int) -> TrueLatency:
+        """The true latency of a ``role`` replica of ``tp`` devices."""
+
     def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
         """The truth of a ``role`` replica of ``tp`` devices and the fitted belief the control plane gets."""
 
@@ -68,8 +71,11 @@ class CatalogHardware:
         self.noise_sigma = self.hw.noise_sigma
         self.write_first = False  # the shift down offloads, then the Write replicates (App. B)
 
+    def truth(self, role: str, tp: int) -> TrueLatency:
+        return TrueLatency.build(self.models[role], self.costs.device, tp, self.hw)
+
     def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
-        truth = TrueLatency.build(self.models[role], self.costs.device, tp, self.hw)
+        truth = self.truth(role, tp)
         return truth, fit_belief(truth, rng, self.noise_sigma)
 
     def inference_up(self, role: str, tp: int) -> dict[str, float]:

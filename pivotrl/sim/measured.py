@@ -68,12 +68,14 @@ class MeasuredHardware:
     training_by_devices: tuple[tuple[int, float], ...] = ()
     prefill_s_per_token: float = 0.0  # not separable from the decode reports on this runtime
 
-    def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
+    def truth(self, role: str, tp: int) -> TrueLatency:
         m = self.engines[role]
-        truth = TrueLatency(tp=tp, A=m.A, dense_weight_s=m.B, expert_weight_s=0.0, expert_hit=0.0, C=m.C, E=0.0,
-                            D=m.D, prefill_per_token_s=self.prefill_s_per_token, prefill_per_token2_s=0.0,
-                            kv_capacity_tokens=self.kv_capacity_tokens[role])
-        return truth, m
+        return TrueLatency(tp=tp, A=m.A, dense_weight_s=m.B, expert_weight_s=0.0, expert_hit=0.0, C=m.C, E=0.0,
+                           D=m.D, prefill_per_token_s=self.prefill_s_per_token, prefill_per_token2_s=0.0,
+                           kv_capacity_tokens=self.kv_capacity_tokens[role])
+
+    def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
+        return self.truth(role, tp), self.engines[role]
 
     def _phase(self, key: str) -> dict[str, float]:
         return dict(self.phases.get(key, {}))
@@ -221,7 +223,8 @@ def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def _load(folder: Path, name: str) -> Any:
     path = folder / name
     if not path.is_file():
-        raise MeasurementError(f"{path}: missing (a run folder of the real pipeline holds it)")
+        how = " when run with run.write_sequences=true" if name == "sequences.jsonl" else ""
+        raise MeasurementError(f"{path}: missing (a run folder of the real pipeline holds it{how})")
     if name.endswith(".json"):
         return json.loads(path.read_text())
     if name.endswith(".yaml"):
