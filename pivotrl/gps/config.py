@@ -11,38 +11,26 @@ from typing import Literal
 import torch
 
 from pivotrl.gps.plan import LinkProfile
+from pivotrl.gps.settings import TRANSPORTS, GPSSettings
 
-TRANSPORTS = ("local", "nixl", "torch")
 
 
 @dataclass(kw_only=True, slots=True)
-class GPSConfig:
-    """Configuration of one GlobalParameterStorage."""
+class GPSConfig(GPSSettings):
+    """Configuration of one GlobalParameterStorage: the user's ``GPSSettings`` and the cluster's shape."""
 
-    transport: Literal["local", "nixl", "torch"] = "local"  # how bytes cross processes ("local": none do)
     num_nodes: int = 1  # nodes whose CPU memory holds GPS copies
     devices_per_node: int = 8  # device d lives on node d // devices_per_node
-    node_budget_bytes: int | None = None  # per-node CPU memory for GPS copies; None: unlimited
     link_profile: LinkProfile = field(default_factory=LinkProfile)  # planner link speeds (measure_link_profile)
-    read_timeout_s: float = 60.0  # how long a read waits for ``min_version`` before raising
     buffer_device: Literal["cpu", "cuda"] = "cpu"  # where read destination buffers live
-    pin_host_memory: bool = False  # page-lock host copies (CUDA present) for fast host-to-device copies
-    copy_threads: int = 1  # threads splitting in-process copies
-    nixl_progress_thread: bool = False  # NIXL's own progress thread: it polls without sleeping (a core per
-    # process); only a UCX transport whose passive side must progress (TCP) needs it
 
     def __post_init__(self) -> None:
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"GPSConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        super(GPSConfig, self).__post_init__()
         if self.buffer_device not in ("cpu", "cuda"):
-            raise ValueError(f"GPSConfig.buffer_device must be 'cpu' or 'cuda', got {self.buffer_device!r}")
-        for name in ("num_nodes", "devices_per_node", "copy_threads"):
+            raise ValueError(f"buffer_device: must be 'cpu' or 'cuda', got {self.buffer_device!r}")
+        for name in ("num_nodes", "devices_per_node"):
             if getattr(self, name) < 1:
-                raise ValueError(f"GPSConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.read_timeout_s <= 0:
-            raise ValueError(f"GPSConfig.read_timeout_s must be > 0, got {self.read_timeout_s}")
-        if self.node_budget_bytes is not None and self.node_budget_bytes <= 0:
-            raise ValueError(f"GPSConfig.node_budget_bytes must be > 0 or None, got {self.node_budget_bytes}")
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
 
 class StaleReadError(RuntimeError):

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import torch
 
 from pivotrl.roles.engine_types import (
+    EngineSettings,
     FinishedSequence,
     IterationProgress,
     PartialSequence,
@@ -51,22 +52,15 @@ __all__ = ["EngineConfig", "EngineReplica", "FinishedSequence", "IterationProgre
 
 
 @dataclass(kw_only=True, slots=True)
-class EngineConfig:
-    """How to start one replica's vLLM engine, and the constraint on every sequence it writes (``structured``)."""
+class EngineConfig(EngineSettings):
+    """How to start one replica's vLLM engine (the role's ``EngineSettings`` and what this replica is started with),
+    and the constraint on every sequence it writes (``structured``)."""
 
     model_path: str  # HF checkpoint folder (config.json + weights)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    gpu_memory_utilization: float = 0.1  # fraction of device memory (on CPU: of host memory, for KV only)
-    kv_cache_bytes: int | None = None  # explicit KV cache size; None: from gpu_memory_utilization
-    max_model_len: int = 2048  # tokens per sequence (prompt + generated)
     max_num_seqs: int = 256  # sequences per iteration
     seed: int = 0  # run seed: keys the migration-invariant sampling noise
     tensor_parallel_size: int = 1
     enforce_eager: bool = True  # no CUDA graphs / compilation (fast start, small shifts)
-    release: Literal["auto", "sleep", "inplace", "teardown", "keep"] = "auto"  # auto: sleep on GPUs; on CPU
-    # inplace (free the KV cache and weight storages of the live engine) where its worker is in this process,
-    # else teardown (shut the engine down, re-create it on a shift up); keep: a shift down frees nothing (the
-    # idle engine stays allocated; a shift up only loads weights)
     structured: Literal["free", "choice", "regex"] = "free"  # the constraint on every sequence of this engine
     # (vLLM structured outputs, see pivotrl.roles.structured): free text, one of structured_choices, or a full
     # match of structured_regex. A GenRM engine may be constrained; a rollout engine stays free
@@ -75,17 +69,10 @@ class EngineConfig:
     output_dfa: OutputDfa | None = field(init=False, default=None, repr=False, compare=False)  # compiled constraint
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+        super(EngineConfig, self).__post_init__()
+        for name in ("max_num_seqs", "tensor_parallel_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
-            raise ValueError(f"kv_cache_bytes must be positive or None, got {self.kv_cache_bytes}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
-        if self.release not in ("auto", "sleep", "inplace", "teardown", "keep"):
-            raise ValueError(f"release must be one of auto, sleep, inplace, teardown, keep; got {self.release!r}")
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         self.output_dfa = self._compile_structured()
 
     def _compile_structured(self) -> OutputDfa | None:

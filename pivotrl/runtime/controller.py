@@ -31,6 +31,7 @@ from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
 from pivotrl.runtime import messages as m
 from pivotrl.runtime.book import RolloutBook
 from pivotrl.runtime.clock import WallClock
+from pivotrl.runtime.config import RunConfig, WaitsConfig
 from pivotrl.runtime.metrics import step_row, validation
 from pivotrl.scheduler import ThroughputModel, slots
 
@@ -62,28 +63,22 @@ class Sampling:
 
 @dataclass(kw_only=True, slots=True)
 class ControllerSpec:
-    """What the controller needs to know about the cluster and the roles."""
+    """What the controller needs to know about the cluster and the roles: the run's own sections (``run``,
+    ``waits``) as configured, and what the pipeline derives for the controller."""
 
     num_nodes: int
     devices_per_node: int
     sampling: dict[str, Sampling]  # per inference role
     belief: dict[str, ThroughputModel]  # per inference role: the throughput model the scheduler starts from
     kv_capacity_tokens: dict[str, int]  # per inference role
+    run: RunConfig = field(default_factory=RunConfig)  # timeout_s, fit_engines, prepare_*, checkpoint_every, ...
+    waits: WaitsConfig = field(default_factory=WaitsConfig)  # startup_s, save_s, shutdown_s
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured (half of it stands for a shift down)
-    fit_engines: bool = False  # start from each role's engine fit (cached, else profiled before the first placement)
-    prepare_engines: bool = False  # start every device's engines at start-up, released until their role arrives
-    prepare_training: bool = False  # build the trainer at start-up (and validate the initial policy there)
-    training_device_ids: tuple[int, ...] = ()  # the fixed training set (prepare_training builds the trainer there)
-    timeout_s: float = 1800.0
-    startup_timeout_s: float = 600.0  # each start-up phase (fits, prepared engines): waits.startup_s
-    save_timeout_s: float = 300.0  # the final policy checkpoint: waits.save_s
-    shutdown_timeout_s: float = 120.0  # every worker to stop: waits.shutdown_s
+    training_device_ids: tuple[int, ...] = ()  # the fixed training set (run.prepare_training builds the trainer there)
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
-    checkpoint_every: int = 0  # checkpoint after every checkpoint_every-th step and the last; 0: never
-    keep_checkpoints: int = 2
 
     def checkpoints_after(self, step: int, num_steps: int) -> bool:
-        return self.checkpoint_every > 0 and ((step + 1) % self.checkpoint_every == 0 or step == num_steps - 1)
+        return self.run.checkpoint_every > 0 and ((step + 1) % self.run.checkpoint_every == 0 or step == num_steps - 1)
 
     def validates_after(self, step: int, num_steps: int) -> bool:
         return self.eval_every > 0 and ((step + 1) % self.eval_every == 0 or step == num_steps - 1)
@@ -200,7 +195,7 @@ class RuntimeCluster:
         self._training_ready: set[int] = set()
         self.finished_s: float | None = None  # when the last version was published
         # checkpoints (``pivotrl.runtime.checkpoint``): the run folder they go to, the one resumed from
-        if spec.checkpoint_every and run_folder is None:
+        if spec.run.checkpoint_every and run_folder is None:
             raise ValueError("RuntimeCluster: checkpoint_every > 0 needs the run folder")
         self.run_folder = run_folder
         self.resumed = resumed  # a Checkpoint, or None for a new run
@@ -270,7 +265,7 @@ class RuntimeCluster:
             from pivotrl.runtime.checkpoint import checkpoint_dir
 
             checkpoint = str(checkpoint_dir(self.run_folder, step + 1))
-        before = step == 0 and self.spec.eval_every > 0 and not self.spec.prepare_training
+        before = step == 0 and self.spec.eval_every > 0 and not self.spec.run.prepare_training
         after = self.spec.validates_after(step, num_steps)
         if before:
             self._validators[("before", step)] = len(device_ids)
@@ -353,7 +348,7 @@ class RuntimeCluster:
         asked = {d: roles for d, roles in asked.items() if roles}
         for d, roles in asked.items():
             self.bus.send(d, m.PrepareEngines(roles=roles))
-        self.wait_for(lambda: all(d in self.engines_prepared for d in asked), timeout_s or self.spec.startup_timeout_s,
+        self.wait_for(lambda: all(d in self.engines_prepared for d in asked), timeout_s or self.spec.waits.startup_s,
                       f"the engines of devices {sorted(asked)} to start (waits.startup_s)")
 
     def prepare_training(self, timeout_s: float | None = None) -> None:
@@ -367,7 +362,7 @@ class RuntimeCluster:
             self._validators[("before", 0)] = len(devices)
         for d in devices:
             self.bus.send(d, m.PrepareTraining(validate=validate))
-        self.wait_for(lambda: self._training_ready >= set(devices), timeout_s or self.spec.startup_timeout_s,
+        self.wait_for(lambda: self._training_ready >= set(devices), timeout_s or self.spec.waits.startup_s,
                       f"the trainer to build on devices {list(devices)} (waits.startup_s)")
 
     def fit_engines(self, timeout_s: float | None = None) -> None:
@@ -378,7 +373,7 @@ class RuntimeCluster:
             before = len(self.engine_fits)
             device = self.plane.deployment.first_device(role)
             self.bus.send(device, m.FitEngine(role=role))
-            self.wait_for(lambda: len(self.engine_fits) > before, timeout_s or self.spec.startup_timeout_s,
+            self.wait_for(lambda: len(self.engine_fits) > before, timeout_s or self.spec.waits.startup_s,
                           f"the {role} engine's fit (device {device}; waits.startup_s)")
 
     def _on_ReplicaDown(self, device: int, msg: m.ReplicaDown) -> None:
@@ -552,18 +547,18 @@ class RuntimeCluster:
         del self._checkpoint_saved[version - 1]
         state = {"version": version, "next_step": version, "seed": self.book.seed,
                  "seconds": self.prior_seconds + self.clock.now(), "books": step_books(self, upto=version)}
-        commit(self.run_folder, version, state, keep=self.spec.keep_checkpoints)
+        commit(self.run_folder, version, state, keep=self.spec.run.keep_checkpoints)
         self.checkpoints.append(version)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
         """Drive the plane until every step has trained and its version is published."""
-        deadline = time.monotonic() + self.spec.timeout_s
-        if self.spec.fit_engines:
+        deadline = time.monotonic() + self.spec.run.timeout_s
+        if self.spec.run.fit_engines:
             self.fit_engines()
-        if self.spec.prepare_engines:
+        if self.spec.run.prepare_engines:
             self.prepare_engines()
-        if self.spec.prepare_training:
+        if self.spec.run.prepare_training:
             self.prepare_training()
         slots.warm_up()  # the scheduler's and the planner's compiled loops, loaded before the clock starts
         self.startup_s = self.clock.restart()  # the run's time counts from its first placement
@@ -573,7 +568,7 @@ class RuntimeCluster:
         ledger = self.plane.ledger
         while not self.plane.finished:
             if time.monotonic() > deadline:
-                raise RunFailed(f"run timed out after {self.spec.timeout_s:.0f} s: trained {ledger.trained}/"
+                raise RunFailed(f"run timed out after {self.spec.run.timeout_s:.0f} s: trained {ledger.trained}/"
                                 f"{ledger.num_steps}, released {ledger.released}, published {self.published_version}")
             wait = self.clock.run_due()
             for device, msg in self.bus.recv(0.05 if wait is None else min(wait, 0.05)):
@@ -581,7 +576,7 @@ class RuntimeCluster:
         self.plane.check_devices()
         if self.finished_s is None:
             self.finished_s = self.clock.now()
-        self.wait_for(lambda: not self._rows, self.spec.startup_timeout_s,
+        self.wait_for(lambda: not self._rows, self.spec.waits.startup_s,
                       "the last validation (its metrics row waits for it; waits.startup_s)")
 
     def wait_for(self, what: Callable[[], bool], timeout_s: float, label: str) -> None:
@@ -596,7 +591,7 @@ class RuntimeCluster:
 
     def save_policy(self, path: str, device: int = 0, timeout_s: float | None = None) -> m.Saved:
         self.bus.send(device, m.SavePolicy(path=path))
-        self.wait_for(lambda: self._saved is not None, timeout_s or self.spec.save_timeout_s,
+        self.wait_for(lambda: self._saved is not None, timeout_s or self.spec.waits.save_s,
                       "the policy checkpoint (waits.save_s)")
         assert self._saved is not None
         return self._saved
@@ -604,5 +599,5 @@ class RuntimeCluster:
     def shutdown(self, timeout_s: float | None = None) -> None:
         for d in range(self.spec.num_devices):
             self.bus.send(d, m.Shutdown())
-        self.wait_for(lambda: len(self._byes) == self.spec.num_devices, timeout_s or self.spec.shutdown_timeout_s,
+        self.wait_for(lambda: len(self._byes) == self.spec.num_devices, timeout_s or self.spec.waits.shutdown_s,
                       "every worker to stop (waits.shutdown_s)")

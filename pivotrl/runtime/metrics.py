@@ -115,7 +115,7 @@ def time_breakdown(cluster: RuntimeCluster) -> dict[str, float]:
     shift_s = sum(r.get("seconds", 0.0) for r in cluster.shift_reports)
     train_s = sum(s.get("seconds", 0.0) for stats in cluster.train_stats.values() for s in stats)
     last = cluster.plane.ledger.num_steps - 1
-    inside = {"after": lambda step: step != last, "before": lambda step: not cluster.spec.prepare_training}
+    inside = {"after": lambda step: step != last, "before": lambda step: not cluster.spec.run.prepare_training}
     validation_s = sum(share.get("seconds", 0.0) for (when, step), shares in cluster.validations.items()
                        if inside[when](step) for share in shares)
     busy = sum(engine.values()) + shift_s + train_s + validation_s

@@ -418,17 +418,13 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
     kv = {role: _kv_tokens(section, kv_bytes_per_token(path, section.dtype))
           for role, section, path in (("rollout", cfg.rollout, policy), ("reward", cfg.genrm, genrm))}
     spec = ControllerSpec(num_nodes=cfg.cluster.num_nodes, devices_per_node=cfg.cluster.devices_per_node,
-                          timeout_s=cfg.run.timeout_s, kv_capacity_tokens=kv,
+                          run=cfg.run, waits=cfg.waits, kv_capacity_tokens=kv,
                           sampling={"rollout": Sampling(max_tokens=cfg.rollout.max_tokens,
                                                         temperature=cfg.rollout.temperature),
                                     "reward": Sampling(max_tokens=cfg.genrm.max_tokens,
                                                        temperature=cfg.genrm.temperature)},
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
-                          checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
-                          fit_engines=cfg.run.fit_engines, prepare_engines=cfg.run.prepare_engines,
-                          prepare_training=cfg.run.prepare_training, training_device_ids=training_device_ids(cfg),
-                          startup_timeout_s=cfg.waits.startup_s, save_timeout_s=cfg.waits.save_s,
-                          shutdown_timeout_s=cfg.waits.shutdown_s)
+                          training_device_ids=training_device_ids(cfg))
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,
                           resumed=resumed)

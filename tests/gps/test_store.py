@@ -182,7 +182,7 @@ def test_bad_input_fails_clearly() -> None:
         gps.read("policy", [0], Parallelism())
     with pytest.raises(ValueError, match="needs a process group"):
         GlobalParameterStorage(GPSConfig(transport="nixl"))
-    with pytest.raises(ValueError, match="GPSConfig.transport must be one of"):
+    with pytest.raises(ValueError, match="transport: must be one of"):
         GPSConfig(transport="rdma")  # type: ignore[arg-type]
     with GlobalParameterStorage(GPSConfig(node_budget_bytes=64)) as tight:
         with pytest.raises(ValueError, match="placement impossible"):

@@ -17,6 +17,7 @@ from pivotrl.roles.tiny import ensure_tiny_checkpoints, load_tokenizer
 from pivotrl.runtime.book import RolloutBook
 from pivotrl.runtime.clock import WallClock
 from pivotrl.runtime.controller import ControllerSpec, RuntimeCluster, Sampling
+from pivotrl.runtime.config import RunConfig, WaitsConfig
 from pivotrl.scheduler import ThroughputModel
 
 from fakes import FakeBus
@@ -49,12 +50,16 @@ def _run(dep: DeploymentConfig, tokenizer, *, num_steps: int = 3, prompts: int =
                        seed=0, reward=RewardConfig(on_unparsed="verifiable_only"), genrm_prompt_tokens=400,
                        lengths=lengths)
     model = ThroughputModel(A=1e-7, B=1e-3, C=1e-4, D=1e-3)
-    spec = ControllerSpec(num_nodes=1, devices_per_node=NUM_DEVICES, timeout_s=20,
+    kwargs = dict(spec_kwargs or {})
+    run = RunConfig(timeout_s=20, fit_engines=kwargs.pop("fit_engines", False), prepare_engines=False,
+                    prepare_training=kwargs.pop("prepare_training", False))
+    waits = WaitsConfig(shutdown_s=kwargs.pop("shutdown_s", WaitsConfig().shutdown_s))
+    spec = ControllerSpec(num_nodes=1, devices_per_node=NUM_DEVICES, run=run, waits=waits,
                           sampling={"rollout": Sampling(max_tokens=rollout_max_tokens, temperature=1.0),
                                     "reward": Sampling(max_tokens=4, temperature=0.0)},
                           belief={"rollout": model, "reward": model},
                           kv_capacity_tokens={"rollout": rollout_kv_tokens or kv_tokens, "reward": kv_tokens},
-                          **(spec_kwargs or {}))
+                          **kwargs)
     rows: list[dict] = []
     dep.check(NUM_DEVICES, 1, 1)
     cluster = RuntimeCluster(spec, bus, book, make_deployment(dep, NUM_DEVICES), num_steps=num_steps,
@@ -224,12 +229,12 @@ def test_replicas_coming_up_one_by_one_never_give_a_device_two_roles(name: str, 
 
 
 def test_a_worker_that_never_stops_fails_the_shutdown_naming_its_wait(tokenizer, monkeypatch) -> None:
-    """The shutdown waits ``waits.shutdown_s`` (the spec's ``shutdown_timeout_s``), then fails saying which wait."""
+    """The shutdown waits ``waits.shutdown_s``, then fails saying which wait."""
     from pivotrl.runtime.controller import RunFailed
 
     monkeypatch.setattr(FakeBus, "_Shutdown", lambda self, device, msg: None)  # no worker says Bye
     with pytest.raises(RunFailed, match=r"every worker to stop \(waits\.shutdown_s\)"):
-        _run(DEPLOYMENTS["disaggregated"], tokenizer, num_steps=1, spec_kwargs={"shutdown_timeout_s": 0.2})
+        _run(DEPLOYMENTS["disaggregated"], tokenizer, num_steps=1, spec_kwargs={"shutdown_s": 0.2})
 
 
 @pytest.mark.parametrize("prepared", [True, False])
