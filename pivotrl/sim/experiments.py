@@ -290,7 +290,8 @@ def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in sorted({m.config.scenario.num_devices for m in measured}):
         group = [m for m in measured if m.config.scenario.num_devices == n]
-        ref = next((m for m in group if m.config.deployment.kind == "shiftable"), group[0])
+        shifting = [m for m in group if m.config.deployment.kind == "shiftable"]  # the ratios' reference first
+        ref = next((m for m in shifting if m.config.deployment.strategy == "pivotrl"), (shifting or group)[0])
         hw = pooled(group, ref)
         keep = {f: getattr(ref.config.deployment, f) for f in ("staleness", "tick_s", "max_tick_s", "tail_guard")}
         prompts = ref.config.scenario.workload.prompts_per_step
