@@ -31,12 +31,13 @@ from pivotrl.planner.state import INFERENCE_ROLES, DeviceInfo, InferenceRole
 from pivotrl.runtime import messages as m
 from pivotrl.runtime.book import RolloutBook
 from pivotrl.runtime.clock import WallClock
-from pivotrl.runtime.config import RunConfig, WaitsConfig
 from pivotrl.runtime.metrics import step_row, validation
 from pivotrl.scheduler import ThroughputModel, slots
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from pivotrl.runtime.config import RunConfig, WaitsConfig  # (not at run time: the controller imports no torch)
 
     from pivotrl.runtime.checkpoint import Checkpoint
 
@@ -71,8 +72,8 @@ class ControllerSpec:
     sampling: dict[str, Sampling]  # per inference role
     belief: dict[str, ThroughputModel]  # per inference role: the throughput model the scheduler starts from
     kv_capacity_tokens: dict[str, int]  # per inference role
-    run: RunConfig = field(default_factory=RunConfig)  # timeout_s, fit_engines, prepare_*, checkpoint_every, ...
-    waits: WaitsConfig = field(default_factory=WaitsConfig)  # startup_s, save_s, shutdown_s
+    run: RunConfig  # the run section: timeout_s, fit_engines, prepare_*, checkpoint_every, keep_checkpoints
+    waits: WaitsConfig  # the waits section: startup_s, save_s, shutdown_s
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured (half of it stands for a shift down)
     training_device_ids: tuple[int, ...] = ()  # the fixed training set (run.prepare_training builds the trainer there)
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
