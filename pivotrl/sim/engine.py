@@ -71,6 +71,7 @@ class Simulator:
         self._written_at: dict[int, float] = {}
         self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
         self.events = EventLog(self.now, enabled=cfg.record_events)
+        self.shift_device_s = 0.0  # device-seconds of shift phases (and weight reloads of live rollout replicas)
         rng = np.random.default_rng([cfg.seed, 0x5111])
         sigma = self.hw.noise_sigma
         self.roles: dict[str, SimRole] = {}
@@ -242,9 +243,10 @@ class Simulator:
         self.roles["rollout"].stall_all(seconds, self._now)
 
     def _phases(self, start: float, role: str, direction: str, devices: list[int], parts: dict[str, float]) -> None:
-        """Record a shift's phase on each of ``devices`` from ``start`` (what the cost model charged)."""
+        """Charge (and record) a shift's phase on each of ``devices`` from ``start`` (what the cost model charged)."""
+        seconds = sum(parts.values())
+        self.shift_device_s += seconds * len(devices)
         if self.events.enabled:
-            seconds = sum(parts.values())
             for d in devices:
                 self.events.emit_at(start + seconds, "shift_phase", device=d, role=role, direction=direction,
                                     start_s=start, seconds=seconds, parts=dict(parts))

@@ -83,7 +83,10 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
         best = {k: _best(sc, _base(k), args, wl) for k in KINDS + BEYOND}
         tps = {k: r.tps for k, r in best.items()}
         bound = fluid_bound(sc, wl).tps
-        groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound})
+        work = fluid_bound(sc, wl).work_s * sc.num_devices
+        loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
+                for k, r in best.items()}
+        groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss})
         ref = paper.FIG9_TPS[key]
         static = max(tps[k] for k in KINDS[:3])
         rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS + BEYOND] + [round(bound)]
@@ -93,6 +96,13 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
     _table(["group", "N", "coloc", "disagg", "rr", "pivotrl", "critical", "fluid", "x coloc", "x disagg", "x rr",
             "paper x coloc", "paper x disagg", "paper x rr", "pivotrl/fluid", "critical x best", "critical/fluid",
             "disagg rr pivotrl critical"], rows)
+    print("\nwhere each best run's device time went (% of devices x run time; bound work: the fluid bound's "
+          "device-seconds of useful work, the least any run can spend):")
+    uses = ("decode_rollout", "decode_reward", "prefill", "reprefill", "training", "shifting", "held_without_work",
+            "idle")
+    _table(["group", "deployment", "device-h", "bound work %"] + [u.replace("_", " ") + " %" for u in uses],
+           [[g["name"], k, f"{v['device_s'] / 3600:.1f}", f"{100 * v['bound_work_device_s'] / v['device_s']:.1f}"]
+            + [f"{100 * v[u] / v['device_s']:.1f}" for u in uses] for g in groups for k, v in g["loss"].items()])
     plots.bars([g["name"] for g in groups], {k: [g["tps"][k] for g in groups] for k in KINDS + BEYOND},
                args.out / "fig9.png", "tokens/s", "Fig. 9 (simulated)", [g["fluid_bound"] for g in groups])
     return {"groups": groups}

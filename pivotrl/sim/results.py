@@ -56,6 +56,9 @@ class SimResult:
     held_device_s: dict[str, float] = field(default_factory=dict)  # device-seconds each role held
     extra: dict[str, Any] = field(default_factory=dict)
     finished_s: float = 0.0  # when the last trained version was published (the runtime's end of a run)
+    # devices x finished_s split by use (device-seconds): decode iterations per role, prefills, re-prefills of
+    # migrated sequences, training, shift phases, replicas held without an iteration to run, devices no role held
+    device_s_by_use: dict[str, float] = field(default_factory=dict)
 
     @property
     def tps(self) -> float:
@@ -88,8 +91,25 @@ class SimResult:
             held_device_s=sim.plane.held_device_seconds(until=sim.plane.finished_s),
             extra=dict(sim.deployment.describe()),
             finished_s=sim.plane.finished_s or sim.step_end_s[-1],
+            device_s_by_use=_device_s_by_use(sim),
         )
 
     def summary(self) -> dict[str, Any]:
         return {"deployment": self.deployment, "devices": self.num_devices, "tps": self.tps,
                 "makespan_s": self.makespan_s, "shifts_per_step": self.shifts_per_step, **self.extra}
+
+
+def _device_s_by_use(sim: "Simulator") -> dict[str, float]:
+    """Where every device-second of a finished run went (the uses add up to devices x finished_s)."""
+    end = sim.plane.finished_s or sim.step_end_s[-1]
+    held = sim.plane.held_device_seconds(until=end)
+    ro, rm = sim.roles["rollout"], sim.roles["reward"]
+    reprefill = ro.reprefill_device_s + rm.reprefill_device_s
+    out = {"decode_rollout": ro.decode_device_s, "decode_reward": rm.decode_device_s,
+           "prefill": ro.prefill_device_s + rm.prefill_device_s - reprefill, "reprefill": reprefill,
+           "training": held["training"], "shifting": sim.shift_device_s}
+    out["held_without_work"] = max(held["rollout"] + held["reward"] - sum(out[k] for k in (
+        "decode_rollout", "decode_reward", "prefill", "reprefill")), 0.0)
+    out["idle"] = max(sim.cfg.scenario.num_devices * end - sum(held.values()) - sim.shift_device_s, 0.0)
+    return out
+

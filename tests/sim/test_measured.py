@@ -17,7 +17,7 @@ from pivotrl.sim import SimConfig
 from pivotrl.sim.engine import Simulator
 from pivotrl.sim.measured import MeasuredHardware, MeasuredRun, MeasurementError, fit_training, measure_run, pooled
 from pivotrl.sim.runner import make_deployment
-from tests.sim.simcases import DEPLOYMENTS, tiny_scenario
+from simcases import DEPLOYMENTS, tiny_scenario
 
 
 def _as_run_folder(sim: Simulator, folder: Path) -> Path:

@@ -103,3 +103,18 @@ def test_workload_is_a_function_of_seed_and_respects_limits() -> None:
     assert a.prompt.max() <= cfg.prompt.max_tokens
     s, i = divmod(13, a.seqs_per_step)
     assert a.judge(13)[0] == a.prompt[s, i] + a.response[s, i] + cfg.judge_template_tokens
+
+
+@pytest.mark.parametrize("kind", sorted(DEPLOYMENTS))
+def test_a_runs_device_time_by_use_adds_up_to_devices_times_its_run_time(kind: str) -> None:
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=DEPLOYMENTS[kind])
+    sim = Simulator(cfg, make_deployment(cfg))
+    result = sim.run()
+    uses = result.device_s_by_use
+    total = cfg.scenario.num_devices * result.finished_s
+    assert sum(uses.values()) == pytest.approx(total, rel=1e-9)
+    assert all(v >= 0 for v in uses.values())
+    held = sim.plane.held_device_seconds(until=result.finished_s)
+    busy = uses["decode_rollout"] + uses["decode_reward"] + uses["prefill"] + uses["reprefill"]
+    assert busy <= held["rollout"] + held["reward"] + 1e-9  # a replica iterates only while its role holds it
+    assert uses["reprefill"] > 0 or not any(m.reprefill_s for rt in sim.roles.values() for m in rt.migrations)
