@@ -31,6 +31,7 @@ def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Strategy 
     """The deployment ``dep`` on ``num_devices`` (``strategy`` overrides the registry's, shiftable only)."""
     deployment = _deployment(dep, num_devices, strategy)
     deployment.tail_guard = dep.tail_guard
+    deployment.rebalance = dep.rebalance
     return deployment
 
 

@@ -40,6 +40,10 @@ class DeploymentConfig:
     # a replica running the oldest step's sequences takes newer steps' only while its iteration latency stays
     # within 1 + tail_guard of one sequence's (pivotrl.control.tailguard; beyond the paper); None: off
     tail_guard: float | None = None
+    # a replica that runs dry with nothing queued takes sequences from crowded ones of its role while the role's
+    # throughput rises (Alg. 4's loop outside a shift up: pivotrl.scheduler ShiftAwareScheduler.rebalance; beyond the
+    # paper; any deployment)
+    rebalance: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in DEPLOYMENT_KINDS:
@@ -55,6 +59,8 @@ class DeploymentConfig:
                                                 and math.isfinite(self.tail_guard)):
             raise ValueError(f"deployment.tail_guard must be null (off) or a number > 0 (the latency slack), got "
                              f"{self.tail_guard!r}")
+        if not isinstance(self.rebalance, bool):
+            raise ValueError(f"deployment.rebalance must be true or false, got {self.rebalance!r}")
         if not 0 < self.tick_s <= self.max_tick_s:
             raise ValueError(f"deployment.tick_s/max_tick_s: need 0 < tick_s <= max_tick_s, got "
                              f"{self.tick_s}, {self.max_tick_s}")

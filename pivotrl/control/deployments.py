@@ -27,10 +27,12 @@ class Deployment:
 
     ``staleness``: the bound the run's ledger enforces (``DeploymentConfig.staleness_bound``), the
     deployment's decision; the plane builds its ledger from it. ``tail_guard``: the latency slack of the
-    role drivers' tail guard (``pivotrl.control.tailguard``; None: §6.1's Dispatch alone)."""
+    role drivers' tail guard (``pivotrl.control.tailguard``; None: §6.1's Dispatch alone). ``rebalance``: whether a
+    replica that runs dry takes sequences from crowded ones of its role (``RoleDriver.rebalance``)."""
 
     staleness: int = 0
     tail_guard: float | None = None
+    rebalance: bool = False
 
     def start(self, cp: ControlPlane) -> None:
         raise NotImplementedError

@@ -46,9 +46,13 @@ class RoleDriver:
 
     def __init__(self, spec: RoleSpec, *, sync: Callable[[], None] = _no_sync,
                  on_finished: Callable[[str, int], None] | None = None, events: EventLog | None = None,
-                 guard: TailGuard | None = None) -> None:
+                 guard: TailGuard | None = None, rebalance: bool = False) -> None:
         self.spec = spec
         self.guard = guard  # None: §6.1's Dispatch; else the tail guard decides what newer steps may take
+        # when a replica runs dry with nothing queued, migrate onto it while the role's throughput rises (Alg. 4's
+        # loop outside a shift up; ``ShiftAwareScheduler.rebalance``; beyond the paper)
+        self.rebalance = rebalance
+        self._drained = False  # a replica ran dry inside the current operation
         self.events = events if events is not None else EventLog(lambda: 0.0, enabled=False)
         self.role = spec.role
         self.scheduler = ShiftAwareScheduler()
@@ -107,6 +111,11 @@ class RoleDriver:
                 self._room_freed = False
                 self.apply(self.scheduler.dispatch() if self.guard is None else self.guard.dispatch(self.scheduler))
             self._room_freed = False
+            if self._drained:
+                self._drained = False
+                if not self.num_waiting and len(self.replicas) > 1:
+                    self._sync()
+                    self.apply(self.scheduler.rebalance())
 
     @contextmanager
     def reporting(self) -> Iterator[None]:
@@ -136,10 +145,12 @@ class RoleDriver:
     def finish(self, seq_id: int) -> None:
         """A running sequence completed on its replica; the queue gets the room it frees."""
         with self._operation():
-            where = self.scheduler.where(seq_id) if self.events.enabled else None
+            where = self.scheduler.where(seq_id) if self.events.enabled or self.rebalance else None
             self.scheduler.finish(seq_id)
             self.events.emit("finish", role=self.role, seq=seq_id, replica=where)
             self._room_freed = True
+            if self.rebalance and where is not None and self.scheduler.replica(where).num_seqs == 0:
+                self._drained = True
             if self._on_finished is not None:
                 self._on_finished(self.role, seq_id)
 

@@ -56,7 +56,8 @@ class ControlPlane:
                                  staleness=deployment.staleness, first_step=first_step)
         guard = None if deployment.tail_guard is None else TailGuard(deployment.tail_guard, seqs_per_step)
         self.drivers: dict[InferenceRole, RoleDriver] = {
-            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role), events=self.events, guard=guard)
+            role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role), events=self.events, guard=guard,
+                             rebalance=deployment.rebalance)
             for role in INFERENCE_ROLES}
         self.step_end_s: list[float] = []
         self.shifts: list[dict[str, Any]] = []  # executed plans

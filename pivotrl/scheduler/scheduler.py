@@ -285,6 +285,15 @@ class ShiftAwareScheduler:
             return actions  # capacity is exhausted: migration would only reshuffle a full role
         return _net(actions + self._migrate())
 
+    @_collector_paused
+    def rebalance(self) -> list[Action]:
+        """Alg. 4's migration loop among the replicas already up (beyond the paper, which runs it only at a shift
+        up): with nothing queued, move the shortest sequence of the highest-T replica to the arg-max ΔT one while the
+        aggregate throughput rises. What a replica that ran dry can take from a crowded one."""
+        if len(self.queue) or len(self._table.slot_of) < 2:
+            return []
+        return _net(self._migrate())
+
     def _migrate(self) -> list[Action]:
         """Alg. 4's loop (``slots.migrate``: at most N_seq + 1 moves, App. C.2), then the records."""
         table, run = self._table, self._running

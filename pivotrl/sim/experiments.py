@@ -75,6 +75,16 @@ def _alloc(res: SimResult) -> str:
     return f"{e['shared']}+{e['training']}" if "shared" in e else f"TR={e['training']}"
 
 
+def _config_of(kind: str, res: SimResult, **kw: Any) -> DeploymentConfig:
+    """The static deployment config of a result's allocation (``_alloc``'s fields)."""
+    e = res.extra
+    if kind == "disaggregated":
+        return _base(kind, rollout_devices=e["rollout"], reward_devices=e["reward"], training_devices=e["training"], **kw)
+    if kind == "rr_colocated":
+        return _base(kind, rollout_devices=e["shared"], training_devices=e["training"], **kw)
+    return _base(kind, **kw)
+
+
 def fig9(args: argparse.Namespace) -> dict[str, Any]:
     groups, rows = [], []
     for key in args.groups or list(SCENARIOS):
@@ -83,10 +93,17 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
         best = {k: _best(sc, _base(k), args, wl) for k in KINDS + BEYOND}
         tps = {k: r.tps for k, r in best.items()}
         bound = fluid_bound(sc, wl).tps
+        # rebalancing (beyond the paper, any deployment): PivotRL tuned again with it, each static kind's best
+        # allocation run again with it
+        rebalanced = {"pivotrl": _best(sc, _base("pivotrl", rebalance=True), args, wl).tps}
+        for k in KINDS[:3]:
+            cfg = SimConfig(scenario=sc, deployment=_config_of(k, best[k], rebalance=True), seed=args.seed)
+            rebalanced[k] = simulate(cfg, workload=wl).tps
         work = fluid_bound(sc, wl).work_s * sc.num_devices
         loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
                 for k, r in best.items()}
-        groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss})
+        groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss,
+                       "rebalanced_tps": rebalanced})
         ref = paper.FIG9_TPS[key]
         static = max(tps[k] for k in KINDS[:3])
         rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS + BEYOND] + [round(bound)]
@@ -96,6 +113,12 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
     _table(["group", "N", "coloc", "disagg", "rr", "pivotrl", "critical", "fluid", "x coloc", "x disagg", "x rr",
             "paper x coloc", "paper x disagg", "paper x rr", "pivotrl/fluid", "critical x best", "critical/fluid",
             "disagg rr pivotrl critical"], rows)
+    print("\nwith rebalancing (deployment.rebalance: a replica that runs dry takes sequences from crowded ones; beyond "
+          "the paper): PivotRL tuned again, each static deployment at its best allocation above")
+    _table(["group", "coloc", "disagg", "rr", "pivotrl", "pivotrl x best", "pivotrl/fluid"],
+           [[g["name"]] + [round(g["rebalanced_tps"][k]) for k in KINDS]
+            + [g["rebalanced_tps"]["pivotrl"] / max(g["rebalanced_tps"][k] for k in KINDS[:3]),
+               g["rebalanced_tps"]["pivotrl"] / g["fluid_bound"]] for g in groups])
     print("\nwhere each best run's device time went (% of devices x run time; bound work: the fluid bound's "
           "device-seconds of useful work, the least any run can spend):")
     uses = ("decode_rollout", "decode_reward", "prefill", "reprefill", "training", "shifting", "held_without_work",

@@ -295,3 +295,45 @@ def test_shift_up_migration_stops_exactly_when_the_busiest_replica_has_no_improv
     busiest = [r for r in s.replica_ids if s.replica(r).throughput == top]
     scale = s.aggregate_throughput()
     assert all(_best_move_of(s, r) <= 1e-12 * scale + 1e-9 for r in busiest), [_best_move_of(s, r) for r in busiest]
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs=replica_specs, sequences=seqs, drained=st.data())
+def test_rebalance_conserves_sequences_and_never_lowers_throughput(specs, sequences, drained) -> None:
+    s = build(specs, sequences)
+    s.dispatch()
+    finished = set()
+    for sid in drained.draw(st.lists(st.sampled_from(range(len(sequences))), unique=True)):
+        if s.where(sid) is not None:
+            s.finish(sid)  # some replicas run dry
+            finished.add(sid)
+    where = {sid: s.where(sid) for sid in range(len(sequences)) if sid not in finished}  # None: queued
+    queued = len(s.queue)
+    t0 = s.aggregate_throughput()
+    actions = s.rebalance()
+    if queued:
+        assert actions == []  # with work waiting, dispatch (not migration) fills a dry replica
+    aborts = [a for a in actions if isinstance(a, Abort)]
+    dispatches = [a for a in actions if isinstance(a, Dispatch)]
+    assert [a.seq_id for a in aborts] == [a.seq_id for a in dispatches]  # every move is an abort then a dispatch
+    assert all(a.replica_id == where[a.seq_id] for a in aborts)
+    assert {sid: s.where(sid) for sid in where} == {**where, **{a.seq_id: a.replica_id for a in dispatches}}
+    assert s.aggregate_throughput() >= t0 * (1 - 1e-9)
+    s.check_invariants()
+
+
+def test_a_dry_replica_takes_sequences_from_a_crowded_one() -> None:
+    m = MODELS[0]
+    s = ShiftAwareScheduler()
+    s.add_replica("a", m, 10**7)
+    s.add_replica("b", m, 10**7)
+    for i in range(64):
+        s.submit(i, 100 + i)
+    s.dispatch()
+    for sid in [i for i in range(64) if s.where(i) == "b"]:
+        s.finish(sid)
+    assert s.replica("b").num_seqs == 0 and s.replica("a").num_seqs > 1
+    t0 = s.aggregate_throughput()
+    actions = s.rebalance()
+    assert s.replica("b").num_seqs > 0 and s.aggregate_throughput() > t0
+    assert {a.replica_id for a in actions if isinstance(a, Dispatch)} == {"b"}

@@ -13,8 +13,9 @@ from pivotrl.sim.runner import make_deployment
 from simcases import DEPLOYMENTS, tiny_scenario
 
 
-def _run(deployment: str, seed: int = 0, **scenario_kw: object) -> Simulator:
-    cfg = SimConfig(scenario=tiny_scenario(**scenario_kw), deployment=DEPLOYMENTS[deployment], seed=seed)
+def _run(deployment: str, seed: int = 0, rebalance: bool = False, **scenario_kw: object) -> Simulator:
+    dep = dataclasses.replace(DEPLOYMENTS[deployment], rebalance=rebalance)
+    cfg = SimConfig(scenario=tiny_scenario(**scenario_kw), deployment=dep, seed=seed)
     sim = Simulator(cfg, make_deployment(cfg))
     sim.result = sim.run()  # type: ignore[attr-defined]
     return sim
@@ -45,10 +46,10 @@ def test_every_sequence_and_token_once_and_below_the_fluid_bound(deployment: str
 
 @settings(max_examples=12, deadline=None)
 @given(deployment=st.sampled_from(sorted(DEPLOYMENTS)), seed=st.integers(0, 10_000),
-       prompts=st.integers(1, 3), group=st.integers(1, 5), median=st.integers(20, 600))
+       prompts=st.integers(1, 3), group=st.integers(1, 5), median=st.integers(20, 600), rebalance=st.booleans())
 def test_random_workloads_conserve_and_respect_the_bound(deployment: str, seed: int, prompts: int, group: int,
-                                                         median: int) -> None:
-    sim = _run(deployment, seed=seed, num_steps=2, prompts_per_step=prompts, group_size=group,
+                                                         median: int, rebalance: bool) -> None:
+    sim = _run(deployment, seed=seed, rebalance=rebalance, num_steps=2, prompts_per_step=prompts, group_size=group,
                response_median=median)
     _check_conserved(sim)
     bound = fluid_bound(sim.cfg.scenario, sim.workload, sim.cfg.hardware, sim.cfg.costs)
@@ -118,3 +119,22 @@ def test_a_runs_device_time_by_use_adds_up_to_devices_times_its_run_time(kind: s
     busy = uses["decode_rollout"] + uses["decode_reward"] + uses["prefill"] + uses["reprefill"]
     assert busy <= held["rollout"] + held["reward"] + 1e-9  # a replica iterates only while its role holds it
     assert uses["reprefill"] > 0 or not any(m.reprefill_s for rt in sim.roles.values() for m in rt.migrations)
+
+
+@pytest.mark.parametrize("deployment", sorted(DEPLOYMENTS))
+def test_rebalanced_runs_conserve_every_sequence_and_token(deployment: str) -> None:
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=3, prompts_per_step=4, response_median=600),
+                    deployment=dataclasses.replace(DEPLOYMENTS[deployment], rebalance=True), record_events=True)
+    sim = Simulator(cfg, make_deployment(cfg))
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    _check_conserved(sim)
+    live: dict[tuple[str, int], int] = {}  # (role, replica) -> sequences on it, from the record
+    for e in sim.events.events:
+        if e["kind"] == "dispatch":
+            key = (e["role"], e["replica"])
+            live[key] = live.get(key, 0) + 1
+        elif e["kind"] in ("abort", "finish") and e["replica"] is not None:
+            key = (e["role"], e["replica"])
+            live[key] = live.get(key, 0) - 1
+            assert live[key] >= 0, f"{e}: left a replica it was not on"
+    assert all(n == 0 for n in live.values())
