@@ -167,6 +167,7 @@ BAD = [
     (["eval.path=/no/such/aime.parquet"], "eval.path", "no such file"),
     (["eval.temperature=0"], "eval.temperature", "positive"),
     (["gps.transport=local"], "gps.transport", "nixl"),
+    (["deployment.rebalance=maybe"], "deployment.rebalance", "bool"),
     (["run=3"], "run", ""),
     (["run"], "run", "key=value"),
     (["run.name=${nowhere}"], "run.name", ""),
