@@ -47,6 +47,12 @@ def _base(kind: str, **kw: Any) -> DeploymentConfig:
 
 def _best(sc: Scenario, dep: DeploymentConfig, args: argparse.Namespace, wl: Workload) -> SimResult:
     """The fastest allocation of ``dep.kind`` (quick: every other grid point); stalled runs are skipped."""
+    return _best_with_config(sc, dep, args, wl)[1]
+
+
+def _best_with_config(sc: Scenario, dep: DeploymentConfig, args: argparse.Namespace,
+                      wl: Workload) -> tuple[DeploymentConfig, SimResult]:
+    """``_best`` and the allocation that gave it."""
     deps = allocations(sc, dep)
     deps = deps[::2] if args.quick and len(deps) > 2 else deps
     cfgs = [SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps]
@@ -55,7 +61,7 @@ def _best(sc: Scenario, dep: DeploymentConfig, args: argparse.Namespace, wl: Wor
     if stalled:
         print(f"note: {sc.name}: {len(stalled)} {dep.name} allocation(s) stalled (deadlock), skipped: "
               + ", ".join(f"TR={d.training_devices}" if d.kind == "shiftable" else repr(d) for d in stalled))
-    return max((r for r in results if r is not None), key=lambda r: r.tps)
+    return max(((d, r) for d, r in zip(deps, results) if r is not None), key=lambda dr: dr[1].tps)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> None:
@@ -75,31 +81,23 @@ def _alloc(res: SimResult) -> str:
     return f"{e['shared']}+{e['training']}" if "shared" in e else f"TR={e['training']}"
 
 
-def _config_of(kind: str, res: SimResult, **kw: Any) -> DeploymentConfig:
-    """The static deployment config of a result's allocation (``_alloc``'s fields)."""
-    e = res.extra
-    if kind == "disaggregated":
-        return _base(kind, rollout_devices=e["rollout"], reward_devices=e["reward"], training_devices=e["training"], **kw)
-    if kind == "rr_colocated":
-        return _base(kind, rollout_devices=e["shared"], training_devices=e["training"], **kw)
-    return _base(kind, **kw)
-
-
 def fig9(args: argparse.Namespace) -> dict[str, Any]:
     groups, rows = [], []
     for key in args.groups or list(SCENARIOS):
         sc = _scenario(key, args)
         wl = Workload.sample(sc.workload, args.seed)
-        best = {k: _best(sc, _base(k), args, wl) for k in KINDS + BEYOND}
+        tuned = {k: _best_with_config(sc, _base(k), args, wl) for k in KINDS + BEYOND}
+        best = {k: r for k, (_, r) in tuned.items()}
         tps = {k: r.tps for k, r in best.items()}
-        bound = fluid_bound(sc, wl).tps
+        fluid = fluid_bound(sc, wl)
+        bound = fluid.tps
         # rebalancing (beyond the paper, any deployment): PivotRL tuned again with it, each static kind's best
         # allocation run again with it
         rebalanced = {"pivotrl": _best(sc, _base("pivotrl", rebalance=True), args, wl).tps}
         for k in KINDS[:3]:
-            cfg = SimConfig(scenario=sc, deployment=_config_of(k, best[k], rebalance=True), seed=args.seed)
+            cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], rebalance=True), seed=args.seed)
             rebalanced[k] = simulate(cfg, workload=wl).tps
-        work = fluid_bound(sc, wl).work_s * sc.num_devices
+        work = fluid.work_s * sc.num_devices
         loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
                 for k, r in best.items()}
         groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss,
@@ -293,8 +291,7 @@ def fidelity(args: argparse.Namespace) -> dict[str, Any]:
     worst = 0.0
     for n in sorted({r["devices"] for r in rows}):
         group = [r for r in rows if r["devices"] == n]
-        ref = next((r for r in group if r["deployment"] == "pivotrl"),
-                   next((r for r in group if r["allocation"].startswith("TR=")), group[0]))
+        ref = rows[measured.index(_reference([m for m in measured if m.config.scenario.num_devices == n]))]
         for r in group:
             r["measured_ratio"] = r["measured_tps"] / ref["measured_tps"]
             r["simulated_ratio"] = r["simulated_tps"] / ref["simulated_tps"]
@@ -313,6 +310,12 @@ def fidelity(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows, "max_ratio_error": worst, "calibrated_sweep": sweep}
 
 
+def _reference(runs: list[Any]) -> Any:
+    """The run the ratios are taken against: the first ``pivotrl`` run, else the first shifting one, else the first."""
+    shifting = [m for m in runs if m.config.deployment.kind == "shiftable"]
+    return next((m for m in shifting if m.config.deployment.strategy == "pivotrl"), (shifting or runs)[0])
+
+
 def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
     """Per device count, every allocation of every deployment on the cluster the runs measured (the reference run's
     engines and shifts, training pooled over the runs' training sets): what tuning each would reach there."""
@@ -323,8 +326,7 @@ def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in sorted({m.config.scenario.num_devices for m in measured}):
         group = [m for m in measured if m.config.scenario.num_devices == n]
-        shifting = [m for m in group if m.config.deployment.kind == "shiftable"]  # the ratios' reference first
-        ref = next((m for m in shifting if m.config.deployment.strategy == "pivotrl"), (shifting or group)[0])
+        ref = _reference(group)
         hw = pooled(group, ref)
         keep = {f: getattr(ref.config.deployment, f) for f in ("staleness", "tick_s", "max_tick_s", "tail_guard")}
         prompts = ref.config.scenario.workload.prompts_per_step

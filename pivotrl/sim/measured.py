@@ -109,7 +109,6 @@ class MeasuredRun:
     """One real run, ready to simulate: ``simulate()`` runs its deployment on what it measured."""
 
     folder: Path
-    label: str
     config: SimConfig
     workload: Workload
     hardware: MeasuredHardware
@@ -117,14 +116,12 @@ class MeasuredRun:
     measured_s: float
     training_steps: tuple[tuple[int, float], ...] = ()  # (tokens, seconds) of each trained step
 
-    def simulate(self, **deployment: Any) -> Any:
-        """The simulated run (``SimResult``); ``deployment`` overrides fields of the run's deployment config."""
+    def simulate(self) -> Any:
+        """The simulated run (``SimResult``)."""
         from pivotrl.sim.engine import Simulator
         from pivotrl.sim.runner import make_deployment
 
-        cfg = self.config if not deployment else dataclasses.replace(
-            self.config, deployment=dataclasses.replace(self.config.deployment, **deployment))
-        return Simulator(cfg, make_deployment(cfg), self.workload, self.hardware).run()
+        return Simulator(self.config, make_deployment(self.config), self.workload, self.hardware).run()
 
 
 def _loglog(points: tuple[tuple[int, float], ...], n: int) -> float:
@@ -250,7 +247,7 @@ def _workload(seqs: list[dict[str, Any]], num_steps: int, per_step: int, folder:
     return Workload(prompt, np.maximum(response, 1), np.maximum(judgement, 1), template)
 
 
-def measure_run(folder: Path | str, label: str = "") -> MeasuredRun:
+def measure_run(folder: Path | str) -> MeasuredRun:
     """The simulation of one real run folder on the cluster it measured."""
     folder = Path(folder)
     cfg = _load(folder, "config.yaml")
@@ -289,6 +286,6 @@ def measure_run(folder: Path | str, label: str = "") -> MeasuredRun:
                         workload=WorkloadConfig(num_steps=num_steps, prompts_per_step=int(cfg["data"]["prompts_per_step"]),
                                                 group_size=int(cfg["data"]["group_size"])))
     sim_cfg = SimConfig(scenario=scenario, deployment=dep, record_events=True, idle_stall_s=120.0)
-    return MeasuredRun(folder=folder, label=label or folder.name, config=sim_cfg, workload=workload,
+    return MeasuredRun(folder=folder, config=sim_cfg, workload=workload,
                        hardware=hardware, measured_tps=float(summary["tps"]), measured_s=float(summary["seconds"]),
                        training_steps=tuple(steps))

@@ -72,6 +72,8 @@ class SimResult:
     @classmethod
     def build(cls, sim: "Simulator") -> "SimResult":
         roles = sim.roles.values()
+        end = sim.plane.finished_s or sim.step_end_s[-1]
+        held = sim.plane.held_device_seconds(until=end)
         return cls(
             deployment=sim.cfg.deployment.name,
             scenario=sim.cfg.scenario.name,
@@ -88,10 +90,10 @@ class SimResult:
             shifts=tuple(sim.shifts),
             kv_overflows=sum(rt.num_overflows for rt in roles),
             events=tuple(sim.events.events),
-            held_device_s=sim.plane.held_device_seconds(until=sim.plane.finished_s),
+            held_device_s=held,
             extra=dict(sim.deployment.describe()),
-            finished_s=sim.plane.finished_s or sim.step_end_s[-1],
-            device_s_by_use=_device_s_by_use(sim),
+            finished_s=end,
+            device_s_by_use=_device_s_by_use(sim, end, held),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -99,10 +101,9 @@ class SimResult:
                 "makespan_s": self.makespan_s, "shifts_per_step": self.shifts_per_step, **self.extra}
 
 
-def _device_s_by_use(sim: "Simulator") -> dict[str, float]:
-    """Where every device-second of a finished run went (the uses add up to devices x finished_s)."""
-    end = sim.plane.finished_s or sim.step_end_s[-1]
-    held = sim.plane.held_device_seconds(until=end)
+def _device_s_by_use(sim: "Simulator", end: float, held: dict[str, float]) -> dict[str, float]:
+    """Where every device-second of a finished run went until ``end`` (the uses add up to devices x end); ``held``:
+    the roles' holding time until then."""
     ro, rm = sim.roles["rollout"], sim.roles["reward"]
     reprefill = ro.reprefill_device_s + rm.reprefill_device_s
     out = {"decode_rollout": ro.decode_device_s, "decode_reward": rm.decode_device_s,

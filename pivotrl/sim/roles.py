@@ -199,13 +199,13 @@ class SimRole:
         while True:
             start = rep.clock
             if events.enabled:
-                t0, kv0, running, A, K, f = rep.clock, rep.tokens, rep.num_seqs, rep.truth.A, rep.K, rep.factor
+                kv0, running, A, K, f = rep.tokens, rep.num_seqs, rep.truth.A, rep.K, rep.factor
             m, finished = rep.sync(now, to_completion)
             if m:
                 self.decode_device_s += (rep.clock - start) * self.tp
                 driver.advance(rep.replica_id, m)
                 if events.enabled:
-                    self._report(rep, t0, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))
+                    self._report(rep, start, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))
             for seq_id in finished:
                 driver.finish(seq_id)
                 self._on_finished(self.role, seq_id, rep.clock)

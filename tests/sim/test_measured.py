@@ -139,7 +139,7 @@ def test_the_fidelity_command_holds_the_simulator_to_run_folders(tmp_path: Path,
 def test_pooled_training_passes_through_each_measured_size_and_never_slows_with_devices(
         sizes: list[int], rate: float, exponent: float) -> None:
     per_token = {n: rate * n ** -exponent for n in sizes}
-    runs = [MeasuredRun(folder=Path("."), label=str(n), config=None, workload=None,  # type: ignore[arg-type]
+    runs = [MeasuredRun(folder=Path("."), config=None, workload=None,  # type: ignore[arg-type]
                         hardware=dataclasses.replace(SOURCE, training_devices=n), measured_tps=1.0, measured_s=1.0,
                         training_steps=((1000, 1000 * per_token[n]), (3000, 3000 * per_token[n])))
             for n in sizes]
