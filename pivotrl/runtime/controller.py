@@ -76,6 +76,7 @@ class ControllerSpec:
     waits: WaitsConfig  # the waits section: startup_s, save_s, shutdown_s
     tau_shift_s: float = 2.0  # τ_shift until shifts have been measured (half of it stands for a shift down)
     training_device_ids: tuple[int, ...] = ()  # the fixed training set (run.prepare_training builds the trainer there)
+    tp: dict[str, int] = field(default_factory=lambda: {"rollout": 1, "reward": 1})  # devices per replica, per role
     eval_every: int = 0  # validate before step 0 and after every eval_every-th step and the last; 0: never
 
     def checkpoints_after(self, step: int, num_steps: int) -> bool:
@@ -220,7 +221,7 @@ class RuntimeCluster:
 
     # ------------------------------------------------------------------ ClusterBackend
     def role_spec(self, role: InferenceRole) -> RoleSpec:
-        return RoleSpec(role=role, tp=1, model=self.spec.belief[role],
+        return RoleSpec(role=role, tp=self.spec.tp[role], model=self.spec.belief[role],
                         kv_capacity_tokens=self.spec.kv_capacity_tokens[role])
 
     def tau_shift_s(self, role: InferenceRole) -> float:
@@ -246,17 +247,17 @@ class RuntimeCluster:
     def start_replicas(self, role: InferenceRole, replicas: list[tuple[int, tuple[int, ...]]],
                        min_version: int | None, initial: bool) -> None:
         for rid, devices in replicas:
-            if len(devices) != 1:
-                raise RunFailed(f"{role} replica on devices {devices}: the runtime runs tp = 1 replicas only")
             self._pending_up[rid] = (role, tuple(devices))
             self._role_by_replica[rid] = role
-            self.bus.send(devices[0], m.StartReplica(replica_id=rid, role=role, device_ids=list(devices),
+            for device in devices:  # the lead starts the engine and replies; the others hold their device
+                self.bus.send(device, m.StartReplica(replica_id=rid, role=role, device_ids=list(devices),
                                                      min_version=min_version))
 
     def stop_replicas(self, role: InferenceRole, replicas: list[RuntimeReplica]) -> None:  # type: ignore[override]
         for rep in replicas:
             self.replicas.pop(rep.replica_id, None)
-            self.bus.send(rep.lead, m.StopReplica(replica_id=rep.replica_id))
+            for device in rep.device_ids:  # the lead shifts the engine down and replies; the others let go
+                self.bus.send(device, m.StopReplica(replica_id=rep.replica_id))
 
     def start_training(self, step: int, device_ids: tuple[int, ...], shift_up: bool) -> None:
         self._training = device_ids

@@ -49,6 +49,9 @@ def setup_process_env(local_rank: int, transport: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in the worker process
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # one engine start per shift: keep the console readable
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(local_rank % cores))
+    # a replica of tp > 1 runs its shards as processes of vLLM's multiprocessing executor; they are spawned (a
+    # forked one inherits this rank's process groups, vLLM's among them, and hangs at its own group set-up)
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     if transport == "nixl":
         os.environ.setdefault("UCX_TLS", "self,sm")  # DRAM to DRAM between processes of one machine
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
@@ -257,14 +260,16 @@ def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, trai
         device = f"cuda:{rank % cfg.cluster.devices_per_node}"
     trainer = replace(cfg.trainer, device=device, pad_token_id=pad if pad is not None else cfg.trainer.pad_token_id)
     return WorkerSpec(device_id=rank, policy_path=str(policy), genrm_path=str(genrm),
-                      rollout_engine=cfg.rollout.engine_config(model_path=str(policy), tp=1, seed=cfg.run.seed),
-                      reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=1, seed=cfg.run.seed + 1,
+                      rollout_engine=cfg.rollout.engine_config(model_path=str(policy), tp=cfg.models.policy_tp,
+                                                               seed=cfg.run.seed),
+                      reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=cfg.models.genrm_tp,
+                                                            seed=cfg.run.seed + 1,
                                                             score_scale=cfg.reward.score_scale),
                       trainer=trainer,
                       training_device_ids=training, validation=_validation(cfg, rank, training),
                       fit_cache=_fit_cache(cfg),
                       device_share=None if trains_on_cuda(cfg) else cfg.cluster.pacing_share(),
-                      write_timeout_s=cfg.waits.shutdown_s)
+                      devices_per_node=cfg.cluster.devices_per_node, write_timeout_s=cfg.waits.shutdown_s)
 
 
 def _fit_cache(cfg: PipelineConfig) -> str:
@@ -424,6 +429,7 @@ def build_cluster(cfg: PipelineConfig, bus: ControlBus, policy: Path, genrm: Pat
                                     "reward": Sampling(max_tokens=cfg.genrm.max_tokens,
                                                        temperature=cfg.genrm.temperature)},
                           belief={"rollout": CPU_TINY_BELIEF, "reward": CPU_TINY_BELIEF}, eval_every=cfg.eval.every,
+                          tp={"rollout": cfg.models.policy_tp, "reward": cfg.models.genrm_tp},
                           training_device_ids=training_device_ids(cfg))
     return RuntimeCluster(spec, bus, book, make_deployment(cfg.deployment, cfg.num_devices),
                           num_steps=cfg.run.num_steps, on_step=on_step, run_folder=run_folder,

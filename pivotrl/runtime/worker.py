@@ -6,7 +6,10 @@ while a GPS write or a report is pending, up to 0.2 s when nothing is: no loop s
 one engine iteration of the up replica, send ``Progress`` when due (every ``report_interval_s``, at
 once when a sequence finished), report finished background GPS writes. Roles:
 - rollout / reward: one ``EngineReplica`` per role, created on the first ``StartReplica`` of that role
-  with dummy weights and reused after; shift up Reads its weights from GPS ("policy" / "genrm");
+  with dummy weights and reused after; shift up Reads its weights from GPS ("policy" / "genrm"). A replica
+  of tp > 1 is led by its first device, whose engine runs every tp shard (vLLM's multiprocessing executor:
+  one worker process per shard, on CPU bound to the core of that shard's device); each other device of the
+  replica holds itself for the role (``MemberRole``) until the replica's ``StopReplica``, and replies nothing;
 - training: ``GRPOTrainer`` (FSDP2 over the training group) built on the first ``Train``, shifted up
   from GPS at the committed version, shifted down by ``StopTraining`` (optimizer offloaded).
 ``GpsWrite`` is collective over every rank: each one calls GPS Write in the same order (training ranks
@@ -21,10 +24,12 @@ a message becomes a ``WorkerError`` and the loop keeps running (the controller d
 from __future__ import annotations
 
 import math
+import os
 import resource
 import shutil
 import time
 import traceback
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +38,7 @@ import torch
 
 from pivotrl.gps.config import WriteHandle
 from pivotrl.gps.layout import Parallelism
+from pivotrl.roles import vllm_compat
 from pivotrl.roles.data import PromptRecord
 from pivotrl.roles.engine import EngineConfig, EngineReplica, SequenceSampling, StepResult
 from pivotrl.roles.reward import RewardConfig
@@ -74,7 +80,7 @@ from pivotrl.runtime.messages import (
 )
 from pivotrl.runtime.pacing import DevicePacer
 from pivotrl.shifting import RoleContextManager
-from pivotrl.shifting.adapters import EngineRole
+from pivotrl.shifting.adapters import EngineRole, MemberRole
 from pivotrl.shifting.training import TrainingRole
 
 __all__ = ["Worker", "WorkerSpec"]
@@ -116,6 +122,7 @@ class WorkerSpec:
     trainer_state: str | None = None  # a resumed run: this rank's trainer-<r>-of-<n>.pt (optimizer chunks, RNG)
     fit_cache: str | None = None  # folder of cached engine fits (``roles.profiling.fit_engine``); None: no cache
     device_share: float | None = None  # CPU: pace this rank's device work to this fraction of a core (pacing.py)
+    devices_per_node: int | None = None  # None: one node (a device's CPU core is its local rank modulo the cores)
     write_timeout_s: float = 300.0  # a background GPS Write may take this long to finish (before an inference
     # role comes up on this device, and at shutdown)
 
@@ -198,6 +205,7 @@ class Worker:
         self.manager = RoleContextManager(gps)
         self._engines: dict[str, EngineRole] = {}  # role -> its (possibly released) engine role
         self._live: _LiveReplica | None = None
+        self._members: dict[int, MemberRole] = {}  # replica id -> this device's hold on a replica another device leads
         self._training: TrainingRole | None = None
         self._snapshot: dict[str, torch.Tensor] | None = None  # parameters after the last step
         self._validation_due: int | None = None  # a version to validate once it is written (Train.validate_after)
@@ -299,21 +307,32 @@ class Worker:
 
     # ------------------------------------------------------------------ replicas
     def _start_replica(self, msg: StartReplica) -> None:
-        if len(msg.device_ids) != 1:
-            raise ValueError(f"StartReplica {msg.replica_id}: only tp=1 replicas run in the runtime, got "
-                             f"device_ids {msg.device_ids}")
-        if msg.device_ids[0] != self.device:
+        """The replica's first device (its lead) starts the engine; each other device of a tp > 1 replica holds
+        itself for the role (a ``MemberRole``: the lead's engine runs its shard) and replies nothing."""
+        devices = tuple(msg.device_ids)
+        if self.device not in devices or len(set(devices)) != len(devices):
             raise ValueError(f"StartReplica {msg.replica_id}: device_ids {msg.device_ids} sent to device {self.device}")
         if self._live is not None or self.manager.role_on(self.device) is not None:
             raise RuntimeError(f"StartReplica {msg.replica_id}: device {self.device} already serves "
                                f"{self.roles_held()}; shift it down first")
+        config = self.spec.rollout_engine if msg.role == "rollout" else self.spec.reward_engine
+        if len(devices) != config.tensor_parallel_size:
+            raise ValueError(f"StartReplica {msg.replica_id}: {len(devices)} devices {devices} for a {msg.role} "
+                             f"replica of tp = {config.tensor_parallel_size}")
+        if self.device != devices[0]:
+            self._poll_writes(timeout_s=self.spec.write_timeout_s)  # as a lead does (below)
+            member = MemberRole(role=msg.role, device=self.device, replica_id=msg.replica_id, lead=devices[0])
+            self.manager.adopt(member)
+            self._members[msg.replica_id] = member
+            return
         # a training device's background GPS Write of the version it just trained finishes before the device takes
         # an inference role: the next rollouts wait for that version's publication (the staleness bound), while
         # the role's shift up competes with the Write for this device (the record showed publications 0.8 s late)
         self._poll_writes(timeout_s=self.spec.write_timeout_s)
         self._validate_if_written(force=True)  # it needs the trainer's parameters, which the shift down frees
-        role, engine_start_s = self._engine_role(msg.role)
-        report = self.manager.shift_up(role, version=msg.min_version if msg.role == "rollout" else None)
+        with self._engine_threads(devices):
+            role, engine_start_s = self._engine_role(msg.role)
+            report = self.manager.shift_up(role, version=msg.min_version if msg.role == "rollout" else None)
         assert report.version is not None
         self._live = _LiveReplica(msg.replica_id, role, report.version, _ProgressBuffer(time.perf_counter()))
         self._send(ReplicaUp, replica_id=msg.replica_id, role=msg.role, version=report.version,
@@ -336,23 +355,32 @@ class Worker:
         else:
             fit = {"model": profile.model.as_dict(), **info,
                    "samples": [[s.num_tokens, s.num_seqs, s.latency_s] for s in profile.samples]}
+        engine = self._engines.get(msg.role)
+        if config.tensor_parallel_size > 1 and engine is not None and engine.replica.is_started \
+                and self.manager.role_on(self.device) is not engine:  # it ran on devices other roles may hold
+            engine.discard_temporary()
+            engine.discard_parameters()
         self._send(EngineFit, role=msg.role, fit=fit, paced=False)
 
     def _startup_engine(self, role: EngineRoleName) -> EngineReplica:
         """The role's engine, created if need be as start-up work: the pacing starts after it."""
-        replica = self._engine_role(role)[0].replica
+        config = self.spec.rollout_engine if role == "rollout" else self.spec.reward_engine
+        with self._engine_threads(tuple(range(self.device, self.device + config.tensor_parallel_size))):
+            replica = self._engine_role(role)[0].replica
         self.pacer.reset()
         return replica
 
     def _prepare_engines(self, msg: PrepareEngines) -> None:
         """Start the engine of each role now and release its memory, as vLLM's sleep mode keeps an engine on a
         GPU: the role's first shift onto this device then re-allocates and reads weights, never starts an engine.
-        A tear-down engine is not kept between shifts, so it is not started here."""
+        A tear-down engine is not kept between shifts, so it is not started here; nor is an engine of tp > 1,
+        which the lead of each replica starts on the replica's devices."""
         report: dict[str, Any] = {}
         for role_name in dict.fromkeys(msg.roles):
             config = self.spec.rollout_engine if role_name == "rollout" else self.spec.reward_engine
-            if config.release == "teardown":
-                report[role_name] = {"prepared": False, "release_mode": "teardown", "start_s": 0.0, "release_s": 0.0}
+            if config.release == "teardown" or config.tensor_parallel_size > 1:
+                report[role_name] = {"prepared": False, "release_mode": config.release, "start_s": 0.0,
+                                     "release_s": 0.0, "tp": config.tensor_parallel_size}
                 continue
             role, start_s = self._engine_role(role_name)
             release_s = 0.0
@@ -364,6 +392,14 @@ class Worker:
             report[role_name] = {"prepared": True, "release_mode": role.replica.release_mode, "start_s": start_s,
                                  "release_s": release_s}
         self._send(EnginesReady, report=report, paced=False)
+
+    def _engine_threads(self, devices: tuple[int, ...]) -> AbstractContextManager[None]:
+        """On CPU, an engine of tp > 1 started in this block runs tp rank i on the core of ``devices[i]`` (each
+        rank's core: its local rank modulo the cores, as ``pipeline.setup_process_env`` binds a tp = 1 engine)."""
+        if len(devices) == 1 or not vllm_compat.is_cpu():
+            return nullcontext()
+        per_node, cores = self.spec.devices_per_node, os.cpu_count() or 1
+        return vllm_compat.cpu_threads_bound([(d % per_node if per_node else d) % cores for d in devices])
 
     def _engine_role(self, role: EngineRoleName) -> tuple[EngineRole, float]:
         """This device's engine role for ``role`` (created on first use, dummy weights) and the seconds
@@ -416,6 +452,10 @@ class Worker:
                             for seq_id, p in partial.items()])
 
     def _stop_replica(self, msg: StopReplica) -> None:
+        member = self._members.pop(msg.replica_id, None)
+        if member is not None:  # the lead shifts the engine down and reports
+            self.manager.shift_down(member)
+            return
         live = self._require_live(msg.replica_id)
         if live.role.replica.has_unfinished():
             self._abort_and_report(live, live.role.replica.seq_ids())

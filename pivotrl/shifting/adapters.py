@@ -125,3 +125,39 @@ def checkpoint_bytes(model_path: Path, dtype: str) -> int:
                 shape = f.get_slice(name).get_shape()
                 numel += math.prod(shape)
     return numel * _DTYPE_BYTES[dtype]
+
+
+class MemberRole:
+    """A device of a replica that another device leads (tp > 1): the leader's engine runs this device's shard
+    (vLLM's tp worker processes), and this device's process holds the device for the role until the replica is
+    shifted down. It holds no memory of its own and reads nothing from GPS (``model`` is None: the leader Reads)."""
+
+    def __init__(self, *, role: RoleName, device: int, replica_id: int, lead: int) -> None:
+        if role not in ("rollout", "reward"):
+            raise ValueError(f"role: must be 'rollout' or 'reward' for a replica member, got {role!r}")
+        self.role: RoleName = role
+        self.devices = (device,)
+        self.replica_id, self.lead = replica_id, lead
+        self.model = None
+        self.parallelism = None
+
+    def discard_temporary(self) -> int:
+        return 0
+
+    def discard_parameters(self) -> int:
+        return 0
+
+    def offload(self) -> int:
+        return 0
+
+    def allocate_temporary(self) -> int:
+        return 0
+
+    def load_parameters(self, shards: Mapping[int, Mapping[str, Any]]) -> int:
+        return 0
+
+    def reload(self) -> int:
+        return 0
+
+    def preserved_bytes(self) -> int:
+        return 0

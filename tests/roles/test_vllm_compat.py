@@ -1,6 +1,7 @@
 """The vLLM seam: supported versions are checked, a missing internal fails loudly, the structural Nones are
 only for an engine core in another process, and every vLLM import of the package goes through the seam."""
 import ast
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -116,3 +117,24 @@ def test_every_vllm_internal_is_reached_through_the_seam() -> None:
     getattr_chains = [str(p.relative_to(ROOT)) for p in (ROOT / "pivotrl").rglob("*.py")
                       if p != seam and re.search(internal, p.read_text())]
     assert not getattr_chains, f"engine internals walked outside the seam: {getattr_chains}"
+
+
+def test_a_tp_engine_start_sees_its_cores_and_the_process_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM caches its environment after an engine start; inside the block the cache is dropped, so an engine
+    starting there reads one core per tp rank, and after it the process's own binding again."""
+    import vllm.envs as envs
+
+    envs.disable_envs_cache()  # whatever an earlier engine start cached
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    envs.enable_envs_cache()  # as after an engine start
+    try:
+        assert envs.VLLM_CPU_OMP_THREADS_BIND == "1"
+        with vllm_compat.cpu_threads_bound([3, 0]):
+            assert envs.VLLM_CPU_OMP_THREADS_BIND == "3|0"
+        assert envs.VLLM_CPU_OMP_THREADS_BIND == "1"
+    finally:
+        envs.disable_envs_cache()
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    with vllm_compat.cpu_threads_bound([0, 1]):
+        assert envs.VLLM_CPU_OMP_THREADS_BIND == "0|1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ

@@ -123,7 +123,6 @@ BAD = [
     (["cluster.devices_per_node=0"], "cluster.devices_per_node", ">= 1"),
     (["models.policy_tp=3"], "models.policy_tp", "divide cluster.devices_per_node"),
     (["models.genrm_tp=0"], "models.genrm_tp", ">= 1"),
-    (["models.policy_tp=2"], "models.policy_tp", "tp = 1"),
     (["models.genrm=/no/such/folder"], "models.genrm", "config.json"),
     (["models.policy=tiny-moe"], "models.policy", "GenRM only"),
     (["deployment.training_devices=5"], "deployment.training_devices", "[1, 4]"),
@@ -212,6 +211,21 @@ def test_checkpoint_folder_positions(tmp_path: Path) -> None:
     assert cfg.models.policy == str(tmp_path)
 
 
+def test_tp_must_split_the_checkpoint_as_vllm_does(tmp_path: Path) -> None:
+    """tp > 1 runs here (a replica over tp devices); the checkpoint's heads, KV heads and padded vocabulary are
+    checked against it at start, in one line naming the key (the embedded models: 4 heads, 2 KV heads)."""
+    assert load_config(DEFAULT, ["models.policy_tp=2", "models.genrm_tp=4"]).models.genrm_tp == 4
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096, "num_attention_heads": 6,
+                                                      "num_key_value_heads": 2, "hidden_size": 384,
+                                                      "vocab_size": 1000}))
+    with pytest.raises(ConfigError, match=r"^models\.policy_tp: 4 does not split models\.policy .*num_heads=6"):
+        load_config(DEFAULT, [f"models.policy={tmp_path}", "models.policy_tp=4"])
+    assert load_config(DEFAULT, [f"models.policy={tmp_path}", "models.policy_tp=2"]).models.policy_tp == 2
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))  # no heads to split
+    with pytest.raises(ConfigError, match=r"^models\.policy_tp: 2 does not split models\.policy"):
+        load_config(DEFAULT, [f"models.policy={tmp_path}", "models.policy_tp=2"])
+
+
 def test_yaml_file_errors(tmp_path: Path) -> None:
     cases = {
         "missing.yaml": None, "list.yaml": "- a\n- b\n", "broken.yaml": "run: [\n",
@@ -249,6 +263,30 @@ def test_interpolation_is_resolved(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", PAPER, ids=[p.stem for p in PAPER])
+def test_paper_configs_validate_as_runnable_pipelines(path: Path, tmp_path: Path) -> None:
+    """With checkpoint folders of the named models' shapes (their config.json facts from the catalog) and a data
+    file, each paper config passes every check the launcher runs, tp > 1 included (the GenRM's 4 devices a
+    replica, the larger policies' 4)."""
+    from pivotrl.gps.synthetic import catalog_facts
+
+    cfg = load_config(path, [], for_cluster_only=True)
+    overrides = []
+    for key in ("policy", "genrm"):
+        facts = catalog_facts(getattr(cfg.models, key))
+        folder = tmp_path / key
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({
+            "num_attention_heads": facts.num_heads, "num_key_value_heads": facts.num_kv_heads,
+            "head_dim": facts.head_dim, "hidden_size": facts.hidden_size, "vocab_size": facts.vocab_size,
+            "num_experts": facts.num_experts, "max_position_embeddings": 131072}))  # positions: not in the catalog
+        overrides.append(f"models.{key}={folder}")
+    rows = [dapo_row(f"What is {i} + {i}?", str(2 * i), index=str(i)) for i in range(cfg.data.prompts_per_step)]
+    overrides.append(f"data.path={write_rows(tmp_path / 'dapo.parquet', rows)}")
+    runnable = load_config(path, overrides)
+    assert (runnable.models.policy_tp, runnable.models.genrm_tp) == (cfg.models.policy_tp, cfg.models.genrm_tp)
+
+
+@pytest.mark.parametrize("path", PAPER, ids=[p.stem for p in PAPER])
 def test_paper_configs_validate_for_the_cluster_only(path: Path) -> None:
     num_devices, training, policy_tp, genrm_tp = TABLE4[path.stem]
     cfg = load_config(path, [], for_cluster_only=True)
@@ -257,7 +295,7 @@ def test_paper_configs_validate_for_the_cluster_only(path: Path) -> None:
     assert cfg.cluster.devices_per_node == 8 and cfg.deployment.kind == "shiftable"
     assert cfg.deployment.staleness == 2
     with pytest.raises(ConfigError, match=r"^models\.(policy|genrm)"):
-        load_config(path, [])  # tp > 1 or a placeholder checkpoint: this runtime refuses it
+        load_config(path, [])  # a placeholder checkpoint (a hub name, not a folder): named at start
     baselines = [re.match(r"^#\s+(colocated|disaggregated|rr_colocated):\s+(.*)$", line)
                  for line in path.read_text().splitlines()]
     baselines = [m for m in baselines if m]
