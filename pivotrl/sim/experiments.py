@@ -4,7 +4,8 @@
 by grid search, ``runner.allocations``) beside the fluid bound, and the ``critical`` strategy (beyond the
 paper, tuned the same way) beside PivotRL; ``fig10`` allocation and
 throughput timeline of one run; ``fig11`` strategies and components; ``fig14`` the horizon H;
-``tab2`` planner time per decision at 16-128 devices; ``tab3`` per-sequence migration time.
+``tab2`` planner time per decision at 16-128 devices; ``tab3`` per-sequence migration time; ``fidelity`` the
+simulator held to real runs of the pipeline; ``calibrate`` the calibrated scenario set (``pivotrl.sim.calibrate``).
 Each prints a table, saves a PNG under ``--out`` (default ./runs/sim/) and with ``--json`` prints
 one JSON object as its last line. ``--quick`` shrinks every run (2 steps, 4 sequences per device,
 a coarser grid) for smoke tests and notebooks; the default workload is the documented one.
@@ -358,8 +359,67 @@ def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
     return out
 
 
+def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    """The calibrated scenario set (``pivotrl.sim.calibrate``): three constants fitted to Fig. 9's baseline bars at
+    Table 4's allocations; PivotRL at Table 4's training set predicted out of sample."""
+    from pivotrl.sim.calibrate import Calibration, fit, run_bars
+
+    def progress(n: int, cal: Calibration, value: float) -> None:
+        print(f"  evaluation {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in cal.as_dict().items())
+              + f": sum of squared log errors {value:.4f}", flush=True)
+
+    result = fit(max_evaluations=args.evaluations, seed=args.seed, jobs=args.jobs, progress=progress)
+    documented, calibrated = Calibration(), result.params
+    piv = {"documented": run_bars(documented, ("pivotrl",), seed=args.seed, jobs=args.jobs),
+           "calibrated": run_bars(calibrated, ("pivotrl",), seed=args.seed, jobs=args.jobs)}
+    print("\nfitted: " + ", ".join(f"{k} {v:.3f} (documented {documented.as_dict()[k]:.3f})"
+                                  for k, v in calibrated.as_dict().items()) + f"; {result.evaluations} evaluations")
+    rows = []
+    for before, after in zip(result.start_bars, result.bars):
+        rows.append({"group": after.group, "deployment": after.kind, "allocation": after.allocation,
+                     "paper_tps": after.paper_tps, "documented_tps": before.simulated_tps,
+                     "calibrated_tps": after.simulated_tps, "calibrated_ratio": after.ratio})
+    _table(["group", "deployment", "Table 4", "paper tok/s", "documented", "ratio", "calibrated", "ratio"],
+           [[r["group"], r["deployment"], r["allocation"], round(r["paper_tps"]), _tps(r["documented_tps"]),
+             b.ratio, _tps(r["calibrated_tps"]), r["calibrated_ratio"]]
+            for r, b in zip(rows, result.start_bars)])
+    errors = [abs(b.ratio - 1) if b.ratio is not None else float("inf") for b in result.bars]
+    rms = (sum(b.residual ** 2 for b in result.bars) / len(result.bars)) ** 0.5
+    print(f"calibrated baselines: max ratio error {100 * max(errors):.1f} % (goal 15 %), rms log error {rms:.3f}")
+    out_of_sample = []
+    for key in paper.TABLE4:
+        best = {name: max((b.simulated_tps or 0.0) for b in bars if b.group == key)
+                for name, bars in (("documented", result.start_bars), ("calibrated", result.bars))}
+        ref = paper.FIG9_TPS[key]
+        row = {"group": key, "training_devices": paper.TABLE4[key]["pivotrl_training"], "paper_tps": ref["pivotrl"],
+               "paper_speedup": ref["pivotrl"] / max(ref[k] for k in ("colocated", "disaggregated", "rr_colocated"))}
+        for name, bars in piv.items():
+            tps = next(b.simulated_tps for b in bars if b.group == key)
+            row[f"{name}_tps"] = tps
+            row[f"{name}_speedup"] = None if tps is None or not best[name] else tps / best[name]
+        out_of_sample.append(row)
+    print("\nPivotRL at Table 4's training set, out of sample (speed-up over the best baseline bar of the same model):")
+    _table(["group", "TR", "paper tok/s", "paper x best", "documented", "x best", "calibrated", "x best"],
+           [[r["group"], r["training_devices"], round(r["paper_tps"]), r["paper_speedup"], _tps(r["documented_tps"]),
+             r["documented_speedup"], _tps(r["calibrated_tps"]), r["calibrated_speedup"]] for r in out_of_sample])
+    plots.bars(list(paper.TABLE4), {f"{who} {k}": [next(b.paper_tps if who == "paper" else (b.simulated_tps or 0.0)
+                                                         for b in result.bars if b.group == g and b.kind == k)
+                                                    for g in paper.TABLE4]
+                                    for k in ("colocated", "disaggregated", "rr_colocated")
+                                    for who in ("paper", "calibrated")},
+               args.out / "calibrate.png", "tokens/s", "Fig. 9 baselines at Table 4: paper vs calibrated")
+    return {"params": calibrated.as_dict(), "documented": documented.as_dict(), "evaluations": result.evaluations,
+            "rows": rows, "max_ratio_error": max(errors), "rms_log_error": rms, "pivotrl": out_of_sample,
+            "history": [{"params": h, "objective": v} for h, v in result.history]}
+
+
+def _tps(value: float | None) -> str:
+    return "stalled" if value is None else str(round(value))
+
+
 EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "fig9": fig9, "fig10": fig10, "fig11": fig11, "fig14": fig14, "tab2": tab2, "tab3": tab3, "fidelity": fidelity,
+    "calibrate": calibrate,
 }
 # fidelity's default real runs: each deployment's best allocation in the tuned sweep on real engines (docs/runtime.md)
 FIDELITY_ALLOCATIONS = ("all", "1/1/2", "4/2/2", "2+2", "4+4", "TR=2", "TR=4")
@@ -378,6 +438,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")
+    parser.add_argument("--evaluations", type=int, default=60, help="calibrate: most objective evaluations "
+                        "(each simulates the twelve baseline bars)")
     parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)
