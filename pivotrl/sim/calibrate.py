@@ -29,9 +29,9 @@ from pivotrl.sim.config import SimConfig, scenario
 from pivotrl.sim.costs import CostConfig
 from pivotrl.sim.runner import simulate_many
 from pivotrl.sim.truth import HardwareConfig
-from pivotrl.sim.workload import Workload
+from pivotrl.sim.workload import Workload, WorkloadConfig
 
-__all__ = ["BASELINES", "Calibration", "Bar", "FitResult", "table4_deployment", "run_bars", "objective", "fit"]
+__all__ = ["BASELINES", "CALIBRATED", "Calibration", "Bar", "FitResult", "table4_deployment", "run_bars", "objective", "fit"]
 
 BASELINES = ("colocated", "disaggregated", "rr_colocated")
 BOUNDS: dict[str, tuple[float, float]] = {  # each fitted constant's range
@@ -62,17 +62,26 @@ class Calibration:
     def costs(self) -> CostConfig:
         return dataclasses.replace(CostConfig(), training_mfu=self.training_mfu)
 
+    def workload(self, wl: WorkloadConfig) -> WorkloadConfig:
+        """``wl`` with its response and judgement medians scaled."""
+        return dataclasses.replace(
+            wl, response=dataclasses.replace(wl.response, median=wl.response.median * self.length_scale),
+            judgement=dataclasses.replace(wl.judgement, median=wl.judgement.median * self.length_scale))
+
     def scenario(self, key: str) -> Any:
         """The group's scenario with its length medians scaled (the documented batch: 32 sequences a device)."""
         sc = scenario(key)
-        wl = sc.workload
-        sc.workload = dataclasses.replace(
-            wl, response=dataclasses.replace(wl.response, median=wl.response.median * self.length_scale),
-            judgement=dataclasses.replace(wl.judgement, median=wl.judgement.median * self.length_scale))
+        sc.workload = self.workload(sc.workload)
         return sc
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
+
+
+# ``python -m pivotrl.sim.experiments calibrate --jobs 2 --json`` (2026-12-03 15:51 UTC, 60 evaluations, seed 0):
+# the best single set for all four groups; it misses the goal (max ratio error 106 %, rms log error 0.43 against
+# the documented values' 0.59): see docs/simulator.md, "The calibrated scenario set"
+CALIBRATED = Calibration(hbm_efficiency=0.839, training_mfu=0.274, length_scale=3.697)
 
 
 @dataclass(frozen=True, slots=True)

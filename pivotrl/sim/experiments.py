@@ -34,6 +34,8 @@ BEYOND = ("critical",)  # strategies beyond the paper, run beside ``pivotrl`` (p
 
 def _scenario(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
     sc = scenario(key, **overrides)
+    if getattr(args, "calibration", None) is not None:  # the calibrated set's response and judgement lengths
+        sc.workload = args.calibration.workload(sc.workload)
     steps = args.steps or (2 if args.quick else sc.workload.num_steps)
     prompts = max(1, sc.num_devices // 4) if args.quick else 2 * sc.num_devices
     sc.workload = dataclasses.replace(sc.workload, num_steps=steps, prompts_per_step=prompts)
@@ -56,13 +58,19 @@ def _best_with_config(sc: Scenario, dep: DeploymentConfig, args: argparse.Namesp
     """``_best`` and the allocation that gave it."""
     deps = allocations(sc, dep)
     deps = deps[::2] if args.quick and len(deps) > 2 else deps
-    cfgs = [SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps]
+    cfgs = [SimConfig(scenario=sc, deployment=d, seed=args.seed, **_constants(args)) for d in deps]
     results = simulate_many(cfgs, wl, args.jobs)
     stalled = [d for d, r in zip(deps, results) if r is None]
     if stalled:
         print(f"note: {sc.name}: {len(stalled)} {dep.name} allocation(s) stalled (deadlock), skipped: "
               + ", ".join(f"TR={d.training_devices}" if d.kind == "shiftable" else repr(d) for d in stalled))
     return max(((d, r) for d, r in zip(deps, results) if r is not None), key=lambda dr: dr[1].tps)
+
+
+def _constants(args: argparse.Namespace) -> dict[str, Any]:
+    """The hardware and cost constants of the scenario set being run (the documented ones: SimConfig's defaults)."""
+    cal = getattr(args, "calibration", None)
+    return {} if cal is None else {"hardware": cal.hardware(), "costs": cal.costs()}
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> None:
@@ -83,6 +91,23 @@ def _alloc(res: SimResult) -> str:
 
 
 def fig9(args: argparse.Namespace) -> dict[str, Any]:
+    """The documented scenarios, then (unless ``--no-calibrated``) the calibrated set (``pivotrl.sim.calibrate``:
+    constants fitted to the paper's baseline bars) under ``"calibrated"`` with the same fields."""
+    from pivotrl.sim.calibrate import CALIBRATED
+
+    data = _fig9(args, "documented scenarios", "fig9.png")
+    if not args.no_calibrated:
+        print("\n=== calibrated scenarios: " + ", ".join(f"{k} {v:g}" for k, v in CALIBRATED.as_dict().items())
+              + " (python -m pivotrl.sim.experiments calibrate)")
+        args.calibration = CALIBRATED
+        try:
+            data["calibrated"] = _fig9(args, "calibrated scenarios", "fig9-calibrated.png")
+        finally:
+            args.calibration = None
+    return data
+
+
+def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
     groups, rows = [], []
     for key in args.groups or list(SCENARIOS):
         sc = _scenario(key, args)
@@ -90,13 +115,14 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
         tuned = {k: _best_with_config(sc, _base(k), args, wl) for k in KINDS + BEYOND}
         best = {k: r for k, (_, r) in tuned.items()}
         tps = {k: r.tps for k, r in best.items()}
-        fluid = fluid_bound(sc, wl)
+        fluid = fluid_bound(sc, wl, **_constants(args))
         bound = fluid.tps
         # rebalancing (beyond the paper, any deployment): PivotRL tuned again with it, each static kind's best
         # allocation run again with it
         rebalanced = {"pivotrl": _best(sc, _base("pivotrl", rebalance=True), args, wl).tps}
         for k in KINDS[:3]:
-            cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], rebalance=True), seed=args.seed)
+            cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], rebalance=True), seed=args.seed,
+                            **_constants(args))
             rebalanced[k] = simulate(cfg, workload=wl).tps
         work = fluid.work_s * sc.num_devices
         loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
@@ -126,7 +152,7 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
            [[g["name"], k, f"{v['device_s'] / 3600:.1f}", f"{100 * v['bound_work_device_s'] / v['device_s']:.1f}"]
             + [f"{100 * v[u] / v['device_s']:.1f}" for u in uses] for g in groups for k, v in g["loss"].items()])
     plots.bars([g["name"] for g in groups], {k: [g["tps"][k] for g in groups] for k in KINDS + BEYOND},
-               args.out / "fig9.png", "tokens/s", "Fig. 9 (simulated)", [g["fluid_bound"] for g in groups])
+               args.out / png, "tokens/s", f"Fig. 9 (simulated, {title})", [g["fluid_bound"] for g in groups])
     return {"groups": groups}
 
 
@@ -435,6 +461,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for independent runs")
     parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS), help="fig9: model groups to run")
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
+    parser.add_argument("--no-calibrated", action="store_true", help="fig9: the documented scenarios only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")

@@ -20,7 +20,7 @@ def test_table4_allocations_are_the_paper_configs() -> None:
         assert sum(alloc["disaggregated"]) == n and sum(alloc["rr_colocated"]) == n
         assert alloc["pivotrl_training"] == alloc["disaggregated"][2] == alloc["rr_colocated"][1]
         dep = table4_deployment(key, "pivotrl")
-        assert dep.kind == "shiftable" and dep.strategy == "pivotrl" and dep.training_devices == alloc["pivotrl_training"]
+        assert (dep.kind, dep.strategy, dep.training_devices) == ("shiftable", "pivotrl", alloc["pivotrl_training"])
     with pytest.raises(ValueError, match="kind must be one of"):
         table4_deployment("7B+30B", "static")
 

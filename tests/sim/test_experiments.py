@@ -18,3 +18,7 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
     assert (tmp_path / "fig9.png").stat().st_size > 0
+    (calibrated,) = last["calibrated"]["groups"]  # the calibrated scenario set, with the same fields
+    assert set(calibrated) == set(group) and set(calibrated["tps"]) == set(group["tps"])
+    assert all(0 < tps <= calibrated["fluid_bound"] for tps in calibrated["tps"].values())
+    assert (tmp_path / "fig9-calibrated.png").stat().st_size > 0
