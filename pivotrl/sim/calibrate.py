@@ -27,7 +27,7 @@ from pivotrl.control.config import DeploymentConfig
 from pivotrl.sim import paper
 from pivotrl.sim.config import SimConfig, scenario
 from pivotrl.sim.costs import CostConfig
-from pivotrl.sim.runner import simulate_many
+from pivotrl.sim.runner import allocation_label, simulate_many
 from pivotrl.sim.truth import HardwareConfig
 from pivotrl.sim.workload import Workload, WorkloadConfig
 
@@ -129,16 +129,6 @@ def table4_deployment(key: str, kind: str) -> DeploymentConfig:
     raise ValueError(f"kind must be one of {', '.join((*BASELINES, 'pivotrl'))}; got {kind!r}")
 
 
-def _label(dep: DeploymentConfig) -> str:
-    if dep.kind == "colocated":
-        return "all"
-    if dep.kind == "disaggregated":
-        return f"{dep.rollout_devices}/{dep.reward_devices}/{dep.training_devices}"
-    if dep.kind == "rr_colocated":
-        return f"{dep.rollout_devices}+{dep.training_devices}"
-    return f"TR={dep.training_devices}"
-
-
 def run_bars(cal: Calibration, kinds: tuple[str, ...] = BASELINES, groups: tuple[str, ...] | None = None, *,
              seed: int = 0, jobs: int = 1) -> list[Bar]:
     """Simulate ``kinds`` at Table 4's allocations of every group under ``cal``."""
@@ -150,7 +140,7 @@ def run_bars(cal: Calibration, kinds: tuple[str, ...] = BASELINES, groups: tuple
         cfgs = [SimConfig(scenario=sc, deployment=d, hardware=cal.hardware(), costs=cal.costs(), seed=seed)
                 for d in deps]
         for kind, dep, res in zip(kinds, deps, simulate_many(cfgs, wl, jobs)):
-            bars.append(Bar(group=key, kind=kind, allocation=_label(dep),
+            bars.append(Bar(group=key, kind=kind, allocation=allocation_label(dep),
                             simulated_tps=None if res is None else res.tps, paper_tps=paper.FIG9_TPS[key][kind]))
     return bars
 
