@@ -109,7 +109,8 @@ class ThroughputModel:
         ``A·t + B + D``, above it ``A·t + C·n + D``. Both pieces are linear in (A, B, C, D), so for
         every split between consecutive distinct ``num_seqs`` values we solve one non-negative
         least-squares problem on relative residuals (rows scaled by 1/latency, which suits
-        multiplicative noise) and keep the best split whose kink ``B/C`` lies inside it. Noiseless
+        multiplicative noise) and keep the best split whose kink ``B/C`` lies inside it; a split whose free fit
+        puts the kink outside it (noise) offers its best consistent fits instead, the kink on either edge. Noiseless
         samples that span both sides of the kink are recovered exactly. When every sample sits on one
         side, the unobservable constant is placed at the edge of the data (kink at the smallest or
         largest observed ``num_seqs``; with only memory-bound samples B + D is reported as B) and the
@@ -135,6 +136,12 @@ class ThroughputModel:
             with np.errstate(invalid="ignore"):  # 0·inf (no kink above the last level) reads as inconsistent
                 consistent = params[2] * lo <= params[1] + tol and params[1] <= params[2] * hi + tol
             fits.append((consistent, residual, k, params))
+            if not consistent and 0 < k < len(levels):
+                # noise put this split's kink outside it: its best consistent model has the kink on an edge of
+                # the split (a convex problem whose free optimum is infeasible), so both edges are candidates
+                for edge in (lo, hi):
+                    edge_params, edge_residual = _nnls_kink_at(tokens, seqs, lat, left, edge)
+                    fits.append((True, edge_residual, k, edge_params))
         pool = [f for f in fits if f[0]] or fits
         floor = min(f[1] for f in pool)
         # among equally good splits (degenerate data), put the kink as far right as the data allows
@@ -184,6 +191,18 @@ def _nnls_split(tokens: np.ndarray, seqs: np.ndarray, lat: np.ndarray, left: np.
     scaled = design * scale[:, None] / col_norm
     solution, residual = nnls(scaled, np.ones_like(lat), maxiter=50 * design.shape[1])
     return solution / col_norm, float(residual)
+
+
+def _nnls_kink_at(tokens: np.ndarray, seqs: np.ndarray, lat: np.ndarray, left: np.ndarray,
+                  kink: float) -> tuple[np.ndarray, float]:
+    """Non-negative LS of (A, B, C, D) with the kink fixed at ``kink`` (B = C·kink), on relative residuals."""
+    design = np.column_stack([tokens, np.where(left, kink, seqs), np.ones_like(tokens)])
+    scale = 1.0 / lat
+    col_norm = np.linalg.norm(design * scale[:, None], axis=0)
+    col_norm[col_norm == 0] = 1.0
+    solution, residual = nnls(design * scale[:, None] / col_norm, np.ones_like(lat), maxiter=50 * design.shape[1])
+    A, C, D = solution / col_norm
+    return np.array([A, C * kink, C, D]), float(residual)
 
 
 def _fill_unobserved(params: np.ndarray, levels: np.ndarray, k: int) -> np.ndarray:
