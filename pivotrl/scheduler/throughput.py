@@ -185,24 +185,25 @@ class ThroughputModel:
 def _nnls_split(tokens: np.ndarray, seqs: np.ndarray, lat: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, float]:
     """Non-negative LS of (A, B, C, D) with ``left`` samples below the kink, on relative residuals."""
     design = np.column_stack([tokens, left.astype(np.float64), np.where(left, 0.0, seqs), np.ones_like(tokens)])
-    scale = 1.0 / lat
-    col_norm = np.linalg.norm(design * scale[:, None], axis=0)
-    col_norm[col_norm == 0] = 1.0
-    scaled = design * scale[:, None] / col_norm
-    solution, residual = nnls(scaled, np.ones_like(lat), maxiter=50 * design.shape[1])
-    return solution / col_norm, float(residual)
+    return _relative_nnls(design, lat)
 
 
 def _nnls_kink_at(tokens: np.ndarray, seqs: np.ndarray, lat: np.ndarray, left: np.ndarray,
                   kink: float) -> tuple[np.ndarray, float]:
     """Non-negative LS of (A, B, C, D) with the kink fixed at ``kink`` (B = C·kink), on relative residuals."""
-    design = np.column_stack([tokens, np.where(left, kink, seqs), np.ones_like(tokens)])
+    (A, C, D), residual = _relative_nnls(np.column_stack([tokens, np.where(left, kink, seqs), np.ones_like(tokens)]),
+                                         lat)
+    return np.array([A, C * kink, C, D]), residual
+
+
+def _relative_nnls(design: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative LS of ``design @ x = lat`` on relative residuals (rows scaled by 1/latency, columns by their
+    norm for conditioning); returns x and the relative residual norm."""
     scale = 1.0 / lat
     col_norm = np.linalg.norm(design * scale[:, None], axis=0)
     col_norm[col_norm == 0] = 1.0
     solution, residual = nnls(design * scale[:, None] / col_norm, np.ones_like(lat), maxiter=50 * design.shape[1])
-    A, C, D = solution / col_norm
-    return np.array([A, C * kink, C, D]), float(residual)
+    return solution / col_norm, float(residual)
 
 
 def _fill_unobserved(params: np.ndarray, levels: np.ndarray, k: int) -> np.ndarray:

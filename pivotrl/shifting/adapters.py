@@ -132,12 +132,11 @@ class MemberRole:
     (vLLM's tp worker processes), and this device's process holds the device for the role until the replica is
     shifted down. It holds no memory of its own and reads nothing from GPS (``model`` is None: the leader Reads)."""
 
-    def __init__(self, *, role: RoleName, device: int, replica_id: int, lead: int) -> None:
+    def __init__(self, *, role: RoleName, device: int) -> None:
         if role not in ("rollout", "reward"):
             raise ValueError(f"role: must be 'rollout' or 'reward' for a replica member, got {role!r}")
         self.role: RoleName = role
         self.devices = (device,)
-        self.replica_id, self.lead = replica_id, lead
         self.model = None
         self.parallelism = None
 

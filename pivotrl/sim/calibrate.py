@@ -31,11 +31,12 @@ from pivotrl.sim.runner import allocation_label, simulate_many
 from pivotrl.sim.truth import HardwareConfig
 from pivotrl.sim.workload import Workload, WorkloadConfig
 
-__all__ = ["BASELINES", "CALIBRATED", "Calibration", "Bar", "FitResult", "table4_deployment", "run_bars", "objective", "fit"]
+__all__ = ["BASELINES", "CALIBRATED", "Calibration", "Bar", "FitResult", "table4_deployment", "run_bars", "objective",
+           "fit"]
 
 BASELINES = ("colocated", "disaggregated", "rr_colocated")
 BOUNDS: dict[str, tuple[float, float]] = {  # each fitted constant's range
-    "hbm_efficiency": (0.2, 0.95),  # below a fifth of the roofline no serving stack would ship; above 0.95 none reaches
+    "hbm_efficiency": (0.2, 0.95),  # below a fifth of the roofline no serving stack ships; above 0.95 none reaches
     "training_mfu": (0.05, 0.6),  # RL policy updates (FSDP, long sequences) run below pre-training's ~0.4-0.6
     "length_scale": (0.25, 4.0),  # the documented medians (2500 / 1500 tokens) times this
 }

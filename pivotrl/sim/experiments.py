@@ -428,12 +428,13 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     _table(["group", "TR", "paper tok/s", "paper x best", "documented", "x best", "calibrated", "x best"],
            [[r["group"], r["training_devices"], round(r["paper_tps"]), r["paper_speedup"], _tps(r["documented_tps"]),
              r["documented_speedup"], _tps(r["calibrated_tps"]), r["calibrated_speedup"]] for r in out_of_sample])
-    plots.bars(list(paper.TABLE4), {f"{who} {k}": [next(b.paper_tps if who == "paper" else (b.simulated_tps or 0.0)
-                                                         for b in result.bars if b.group == g and b.kind == k)
-                                                    for g in paper.TABLE4]
-                                    for k in ("colocated", "disaggregated", "rr_colocated")
-                                    for who in ("paper", "calibrated")},
-               args.out / "calibrate.png", "tokens/s", "Fig. 9 baselines at Table 4: paper vs calibrated")
+    fitted = {(b.group, b.kind): b for b in result.bars}
+    series = {}
+    for kind in ("colocated", "disaggregated", "rr_colocated"):
+        series[f"paper {kind}"] = [fitted[g, kind].paper_tps for g in paper.TABLE4]
+        series[f"calibrated {kind}"] = [fitted[g, kind].simulated_tps or 0.0 for g in paper.TABLE4]
+    plots.bars(list(paper.TABLE4), series, args.out / "calibrate.png", "tokens/s",
+               "Fig. 9 baselines at Table 4: paper vs calibrated")
     return {"params": calibrated.as_dict(), "documented": documented.as_dict(), "evaluations": result.evaluations,
             "rows": rows, "max_ratio_error": max(errors), "rms_log_error": rms, "pivotrl": out_of_sample,
             "history": [{"params": h, "objective": v} for h, v in result.history]}
