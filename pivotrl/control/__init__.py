@@ -32,6 +32,7 @@ def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Strategy 
     deployment = _deployment(dep, num_devices, strategy)
     deployment.tail_guard = dep.tail_guard
     deployment.rebalance = dep.rebalance
+    deployment.reprefill_horizon_s = dep.reprefill_horizon_s
     return deployment
 
 

@@ -15,6 +15,8 @@ import math
 from math import gcd
 from typing import Any, Literal
 
+from pivotrl.scheduler.scheduler import check_reprefill_horizon
+
 __all__ = ["DeploymentConfig", "DeploymentKind", "DEPLOYMENT_KINDS", "STRATEGIES"]
 
 DeploymentKind = Literal["colocated", "disaggregated", "rr_colocated", "shiftable"]
@@ -44,6 +46,10 @@ class DeploymentConfig:
     # throughput rises (Alg. 4's loop outside a shift up: pivotrl.scheduler ShiftAwareScheduler.rebalance; beyond the
     # paper; any deployment)
     rebalance: bool = False
+    # seconds: a migration (a shift's Alg. 4, rebalancing) is made only if the throughput it adds, held this long,
+    # pays for the tokens its destination loses re-prefilling the sequence, and the planner values a candidate by its
+    # roles' mean throughput over its horizon less those stalls (beyond the paper; any deployment); null: unpriced
+    reprefill_horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DEPLOYMENT_KINDS:
@@ -59,6 +65,10 @@ class DeploymentConfig:
                                                 and math.isfinite(self.tail_guard)):
             raise ValueError(f"deployment.tail_guard must be null (off) or a number > 0 (the latency slack), got "
                              f"{self.tail_guard!r}")
+        try:
+            check_reprefill_horizon(self.reprefill_horizon_s)
+        except ValueError as err:
+            raise ValueError(f"deployment.{err}") from None
         if not isinstance(self.rebalance, bool):
             raise ValueError(f"deployment.rebalance must be true or false, got {self.rebalance!r}")
         if not 0 < self.tick_s <= self.max_tick_s:

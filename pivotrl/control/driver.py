@@ -46,7 +46,8 @@ class RoleDriver:
 
     def __init__(self, spec: RoleSpec, *, sync: Callable[[], None] = _no_sync,
                  on_finished: Callable[[str, int], None] | None = None, events: EventLog | None = None,
-                 guard: TailGuard | None = None, rebalance: bool = False) -> None:
+                 guard: TailGuard | None = None, rebalance: bool = False,
+                 reprefill_horizon_s: float | None = None) -> None:
         self.spec = spec
         self.guard = guard  # None: §6.1's Dispatch; else the tail guard decides what newer steps may take
         # when a replica runs dry with nothing queued, migrate onto it while the role's throughput rises (Alg. 4's
@@ -55,7 +56,8 @@ class RoleDriver:
         self._drained = False  # a replica ran dry inside the current operation
         self.events = events if events is not None else EventLog(lambda: 0.0, enabled=False)
         self.role = spec.role
-        self.scheduler = ShiftAwareScheduler()
+        # None: Alg. 4 as the paper has it; else migrations pay for their re-prefill (beyond the paper)
+        self.scheduler = ShiftAwareScheduler(reprefill_horizon_s=reprefill_horizon_s)
         self.replicas: dict[int, ReplicaBackend] = {}
         self.discarded_tokens = 0  # generated, then thrown away by a restart (no migration)
         self._sync = sync

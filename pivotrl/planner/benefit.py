@@ -8,7 +8,9 @@ The overall throughput is the weighted harmonic mean of the inference roles' thr
 with N counting each role's running and waiting sequences. A role without sequences drops out of
 the mean; a role with sequences and no throughput makes T = 0; with no sequences at all T = 0.
 A candidate raising T from T_current to T_candidate over the horizon H is worth
-B = H·(T_candidate − T_current) − φ tokens.
+B = H·(T_candidate − T_current) − φ tokens; where the roles price re-prefill (beyond the paper), the
+tokens their replicas lose re-prefilling the candidate's migrated sequences (``RoleModel.stall_tokens``)
+are charged beside φ.
 
 A role that has sequences but no throughput both now and after a candidate (no replica, e.g. while
 training holds the whole cluster) would pin T to 0 on both sides, so every benefit would be −φ and
@@ -45,6 +47,9 @@ class RoleModel(Protocol):
     def after_shift_down_many(self, leaving: Sequence[Sequence[int]]) -> list[float]: ...
 
     def after_shift_up_many(self, counts: Sequence[int]) -> list[float]: ...
+
+    def stall_tokens(self, num_up: int, down: Sequence[int]) -> float:
+        """Tokens lost re-prefilling what that (replayed) shift migrates; 0 where re-prefill is not priced."""
 
 
 def overall_throughput(num_seqs: Mapping[InferenceRole, int], throughput: Mapping[InferenceRole, float]) -> float:
@@ -109,7 +114,8 @@ class CandidateBenefits:
                  penalty: float) -> tuple[float, float]:
         """(T_candidate, B) of a shift that starts ``up[role]`` and stops ``down[role]`` replicas."""
         after = {r: self.role_after(r, up.get(r, 0), down.get(r, ())) for r in INFERENCE_ROLES}
-        return shift_benefit(self.num_seqs, self.now, after, self.horizon_s, penalty)
+        stall = sum(self.roles[r].stall_tokens(up.get(r, 0), down.get(r, ())) for r in INFERENCE_ROLES)
+        return shift_benefit(self.num_seqs, self.now, after, self.horizon_s, penalty + stall)
 
 
 def select_best(benefits: Sequence[float], rtol: float = 1e-9) -> int | None:

@@ -43,6 +43,9 @@ class PlannerConfig:
     tau_shift_reward_s: float | None = None  # τ_shift of a reward replica (s); None: the state's
     max_up_replicas: int | None = None  # cap on K, up-role replicas per shift; None: no cap
     tie_rtol: float = 1e-9  # benefits this close (relative) count as equal; fewer replicas win
+    # charge a candidate the tokens its migrated sequences' re-prefill costs their destinations, beside φ (beyond the
+    # paper; the strategies that simulate migration)
+    price_reprefill: bool = False
 
     def __post_init__(self) -> None:
         if not self.horizon_s > 0:
@@ -53,6 +56,8 @@ class PlannerConfig:
                 raise ValueError(f"PlannerConfig.{name} must be None or >= 0, got {value!r}")
         if self.max_up_replicas is not None and self.max_up_replicas < 0:
             raise ValueError(f"PlannerConfig.max_up_replicas must be None or >= 0, got {self.max_up_replicas!r}")
+        if not isinstance(self.price_reprefill, bool):
+            raise ValueError(f"PlannerConfig.price_reprefill must be true or false, got {self.price_reprefill!r}")
         if not self.tie_rtol >= 0:
             raise ValueError(f"PlannerConfig.tie_rtol must be >= 0, got {self.tie_rtol!r}")
 

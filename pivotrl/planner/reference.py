@@ -20,7 +20,7 @@ from pivotrl.planner.pairs import ShiftPair, build_pairs
 from pivotrl.planner.planner import PlannerConfig, check_state, tau_shift_of, training_plan
 from pivotrl.planner.role import choose_up_role
 from pivotrl.planner.state import INFERENCE_ROLES, InferenceRole, WorkloadState
-from pivotrl.scheduler import ReplicaSpec, ShiftAwareScheduler
+from pivotrl.scheduler import Abort, Dispatch, ReplicaSpec, ShiftAwareScheduler
 
 __all__ = ["plain_build_candidates", "scheduler_from_state", "ReferencePlanner"]
 
@@ -54,7 +54,8 @@ def plain_build_candidates(pairs: Sequence[ShiftPair], max_up: int) -> dict[int,
 def scheduler_from_state(state: WorkloadState, role: InferenceRole) -> ShiftAwareScheduler:
     """A scheduler holding the snapshot's replicas (in snapshot order), sequences and queue."""
     spec = state.roles[role]
-    sched = ShiftAwareScheduler(queue_key=spec.queue_key, headroom_tokens=spec.headroom_tokens)
+    sched = ShiftAwareScheduler(queue_key=spec.queue_key, headroom_tokens=spec.headroom_tokens,
+                                reprefill_horizon_s=spec.reprefill_horizon_s)
     for r in state.replicas_of(role):
         sched.add_replica(r.replica_id, r.model, r.kv_capacity_tokens)
     for r in state.replicas_of(role):
@@ -84,9 +85,11 @@ class ReferencePlanner(Strategy):
         current = overall_throughput(nseq, now)
         if up_role == "training":
             plan = training_plan(state, tau, lambda r: r.throughput)
-            thr = {r: self._after(base[r], (), [d for d in plan.down_replica_ids if d in base[r].replica_ids])
-                   for r in INFERENCE_ROLES}
-            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, plan.penalty)
+            after = {r: self._after(base[r], (), [d for d in plan.down_replica_ids if d in base[r].replica_ids])
+                     for r in INFERENCE_ROLES}
+            thr = {r: t for r, (t, _) in after.items()}
+            stall = sum(lost for _, lost in after.values())
+            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, plan.penalty + stall)
             cand = CandidateEval(num_up=1, plan=plan, throughput=t_cand, benefit=benefit)
             return Decision(plan=plan, up_role=up_role, candidates=(cand,), current_throughput=current,
                             simulate_s=time.perf_counter() - t0)
@@ -101,8 +104,10 @@ class ReferencePlanner(Strategy):
         for k, c in candidates.items():
             new = [ReplicaSpec(replica_id=("new", i), model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens)
                    for i in range(k)]
-            thr = {up_role: self._after(base[up_role], new, ()), donor: self._after(base[donor], (), c.down_replicas)}
-            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, c.penalty)
+            after = {up_role: self._after(base[up_role], new, ()), donor: self._after(base[donor], (), c.down_replicas)}
+            thr = {r: t for r, (t, _) in after.items()}
+            stall = sum(lost for _, lost in after.values())
+            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, c.penalty + stall)
             plan = ShiftPlan(up_role=up_role, down_replica_ids=c.down_replicas, training_up=False, penalty=c.penalty,
                              up_replicas=tuple(NewReplica(role=up_role, device_ids=pairs.blocks[s])
                                                for s in c.up_replicas))
@@ -111,11 +116,18 @@ class ReferencePlanner(Strategy):
         return Decision(plan=None if best is None else evals[best].plan, up_role=up_role, candidates=tuple(evals),
                         current_throughput=current, simulate_s=time.perf_counter() - t0)
 
-    @staticmethod
-    def _after(base: ShiftAwareScheduler, new: Sequence[ReplicaSpec], down: Sequence[int]) -> float:
+    def _after(self, base: ShiftAwareScheduler, new: Sequence[ReplicaSpec], down: Sequence[int]) -> tuple[float, float]:
+        """(Σ T, tokens lost to re-prefill) after the shift; the second 0 unless the config prices re-prefill."""
         sched = base.copy()
-        if down:
-            sched.shift_down(list(down))
-        if new:
-            sched.shift_up(list(new))
-        return sched.aggregate_throughput()
+        actions = sched.shift_down(list(down)) if down else []
+        actions += sched.shift_up(list(new)) if new else []
+        if not self.config.price_reprefill:
+            return sched.aggregate_throughput(), 0.0
+        aborted = {a.seq_id for a in actions if isinstance(a, Abort)}
+        lost = 0.0
+        for a in actions:  # a sequence that ran before and runs elsewhere after re-prefills there once
+            if isinstance(a, Dispatch) and a.seq_id in aborted:
+                view = sched.replica(a.replica_id)
+                tokens = next(s.num_tokens for s in sched.sequences_on(a.replica_id) if s.seq_id == a.seq_id)
+                lost += (max(view.model.B, view.model.C * tokens) + view.model.D) * view.throughput
+        return sched.aggregate_throughput(), lost

@@ -7,6 +7,13 @@ replicas, then to every replica, then, if the queue is empty, repeatedly migrate
 sequence of the highest-throughput replica to the arg-max ΔT replica while the aggregate
 throughput rises). Both return the role's aggregate throughput after the shift.
 
+With ``price_reprefill`` (beyond the paper) a replay also prices the re-prefill the shift causes
+(``stall_tokens``): the tokens every destination loses while it re-prefills the sequences the shift
+migrated, each ``slots.prefill_s`` of the sequence times the destination's throughput after the
+shift. A sequence counts once, at its final destination, and only if it ran before the shift and
+runs elsewhere after it: exactly the sequences the scheduler's actions Abort and Dispatch. The
+scheduler's own re-prefill pricing of Alg. 4 (``reprefill_horizon_s``) is replayed as it is.
+
 The replay holds the role's replicas in the scheduler's own slot arrays and runs the scheduler's
 own compiled Dispatch and migration (``pivotrl.scheduler.slots``), with the scheduler's headroom
 and queue order: its results are those of the scheduler run on a copy (``reference.py`` does
@@ -26,7 +33,7 @@ import numpy as np
 from pivotrl.planner.state import ReplicaState, SequenceInfo
 from pivotrl.scheduler import ThroughputModel, slots
 from pivotrl.scheduler.queue import QueueKey, WaitingSequence
-from pivotrl.scheduler.scheduler import MIGRATION_RTOL
+from pivotrl.scheduler.scheduler import MIGRATION_RTOL, check_reprefill_horizon, migration_horizon
 
 __all__ = ["RoleSimulator"]
 
@@ -37,10 +44,15 @@ class RoleSimulator:
     def __init__(self, replicas: Sequence[ReplicaState], waiting: Sequence[SequenceInfo], *,
                  new_model: ThroughputModel, new_kv_capacity_tokens: int, max_new: int = 0,
                  migrate: bool = True, restart_aborted: bool = False, headroom_tokens: int = 0,
-                 queue_key: QueueKey | None = None) -> None:
+                 queue_key: QueueKey | None = None, reprefill_horizon_s: float | None = None,
+                 price_reprefill: bool = False) -> None:
         if headroom_tokens < 0:
             raise ValueError(f"RoleSimulator: headroom_tokens must be >= 0, got {headroom_tokens}")
         self.migrate, self.restart_aborted = migrate, restart_aborted
+        self.horizon = migration_horizon(check_reprefill_horizon(reprefill_horizon_s))
+        self.price_reprefill = price_reprefill
+        self._stall_up: dict[int, float] = {0: 0.0}
+        self._stall_down: dict[frozenset[int], float] = {frozenset(): 0.0}
         self.headroom = float(headroom_tokens)
         self.slot_of = {r.replica_id: i for i, r in enumerate(replicas)}
         self.num_existing, self.max_new = len(replicas), max_new
@@ -94,10 +106,13 @@ class RoleSimulator:
             # the slots that stay, in slot order: a removed slot could take nothing and adds 0.0 to Σ T,
             # so leaving it out changes no arg-max, tie or sum
             consts, state = self.consts[:, ~gone], self.state[:, ~gone]
-            stream = self._queue_order[(slot_in_queue < 0) | gone[slot_in_queue]]
+            aborted = gone[slot_in_queue] & (slot_in_queue >= 0)
+            stream = self._queue_order[(slot_in_queue < 0) | aborted]
             tokens = self._queued_tokens[stream]
-            slots.dispatch(consts, state, self.headroom, np.ones(state.shape[1], dtype=bool), tokens,
-                           np.empty(len(tokens), np.int64))
+            placed = np.full(len(tokens), -1, dtype=np.int64)
+            slots.dispatch(consts, state, self.headroom, np.ones(state.shape[1], dtype=bool), tokens, placed)
+            moved = aborted[(slot_in_queue < 0) | aborted] & (placed >= 0)
+            self._stall_down[frozenset(ids)] = self._stall(consts, state, tokens[moved], placed[moved])
             out.append(slots.total_throughput(state))
         return out
 
@@ -110,6 +125,11 @@ class RoleSimulator:
         tokens = self._queued_tokens[waiting]
         return [self._shift_up(k, waiting, tokens) for k in counts]
 
+    def stall_tokens(self, num_up: int, down: Sequence[int]) -> float:
+        """Tokens the role's replicas lose re-prefilling what the replayed shift (``num_up`` new replicas or ``down``
+        leaving) migrated; 0 without ``price_reprefill``. Replay the shift first."""
+        return self._stall_up[num_up] if num_up else self._stall_down[frozenset(down)]
+
     def _shift_up(self, k: int, waiting: np.ndarray, tokens: np.ndarray) -> float:
         lo, hi = self.num_existing, self.num_existing + k
         # the first ``hi`` slots: the others stay empty, take nothing and add 0.0 to Σ T
@@ -121,10 +141,22 @@ class RoleSimulator:
         placed = np.full(len(tokens), -1, dtype=np.int64)
         done = slots.dispatch(consts, state, self.headroom, new_only, tokens, placed)
         done += slots.dispatch(consts, state, self.headroom, np.ones(hi, dtype=bool), tokens[done:], placed[done:])
-        if done == len(tokens) and self.migrate:
-            owner = np.empty(self.num_seqs, dtype=np.int64)
-            owner[self._rank_of] = self._slot
-            owner[self._rank_of[waiting]] = placed
-            slots.migrate(consts, state, self.headroom, self._tokens[self._shortest_order], owner,
-                          MIGRATION_RTOL, np.empty((self.num_seqs + 1, 3), np.int64))
+        if done < len(tokens) or not self.migrate:
+            self._stall_up[k] = 0.0  # queued work only: every prefill is a first one
+            return slots.total_throughput(state)
+        owner = np.empty(self.num_seqs, dtype=np.int64)
+        owner[self._rank_of] = self._slot
+        owner[self._rank_of[waiting]] = placed
+        ordered = self._tokens[self._shortest_order]
+        slots.migrate(consts, state, self.headroom, ordered, owner, MIGRATION_RTOL,
+                      np.empty((self.num_seqs + 1, 3), np.int64), self.horizon)
+        before = self._slot[self._shortest_order]
+        moved = (before >= 0) & (owner != before)
+        self._stall_up[k] = self._stall(consts, state, ordered[moved], owner[moved])
         return slots.total_throughput(state)
+
+    def _stall(self, consts: np.ndarray, state: np.ndarray, tokens: np.ndarray, dst: np.ndarray) -> float:
+        """Tokens lost re-prefilling the moved sequences (``tokens``, each on slot ``dst`` of the arrays)."""
+        if not self.price_reprefill:
+            return 0.0
+        return sum(slots.prefill_s(consts, s, t) * state[slots.TP, s] for t, s in zip(tokens.tolist(), dst.tolist()))

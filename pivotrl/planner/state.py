@@ -14,6 +14,7 @@ from typing import Literal, Mapping
 
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.scheduler.queue import QueueKey, WaitingSequence
+from pivotrl.scheduler.scheduler import check_reprefill_horizon
 
 __all__ = ["Role", "InferenceRole", "ROLES", "INFERENCE_ROLES", "DeviceInfo", "SequenceInfo",
            "ReplicaState", "RoleState", "WorkloadState"]
@@ -87,6 +88,8 @@ class RoleState:
     tau_shift_s: float = 10.0  # τ_shift: the (constant) stall of a shift-down replica, §7.1
     headroom_tokens: int = 0  # the role scheduler's KV tokens reserved per running sequence
     queue_key: QueueKey | None = None  # the role scheduler's queue order (None: ascending seq_id)
+    # the role scheduler's re-prefill pricing of migrations (None: the paper's Alg. 4; ShiftAwareScheduler)
+    reprefill_horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.role not in INFERENCE_ROLES:
@@ -97,6 +100,7 @@ class RoleState:
             raise ValueError(f"RoleState({self.role}): kv_capacity_tokens must be > 0 and tau_shift_s >= 0")
         if isinstance(self.headroom_tokens, bool) or not isinstance(self.headroom_tokens, int) or self.headroom_tokens < 0:
             raise ValueError(f"RoleState({self.role}).headroom_tokens must be an integer >= 0, got {self.headroom_tokens!r}")
+        check_reprefill_horizon(self.reprefill_horizon_s)
         if self.queue_key is not None and not callable(self.queue_key):
             raise ValueError(f"RoleState({self.role}).queue_key must be None or a callable, got {self.queue_key!r}")
 

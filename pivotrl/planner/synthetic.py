@@ -95,7 +95,7 @@ def by_prompt_length(seq: SequenceInfo) -> int:
 
 def random_state(seed: int, *, max_nodes: int = 2, max_seqs: int = 12) -> WorkloadState:
     """A small random valid snapshot: 1-``max_nodes`` nodes of 4 or 8 devices, tp in {1, 2, 4}, the
-    roles' schedulers with or without headroom and in one of three queue orders."""
+    roles' schedulers with or without headroom, in one of three queue orders, with or without re-prefill pricing."""
     rng = random.Random(seed)
     per_node = rng.choice((4, 8))
     num_nodes = rng.randint(1, max_nodes)
@@ -125,10 +125,12 @@ def random_state(seed: int, *, max_nodes: int = 2, max_seqs: int = 12) -> Worklo
                                          kv_capacity_tokens=cap[role]))
         d += width if role and usable else 1
     sched = random.Random(~seed)  # the schedulers' settings (drawn apart: the snapshot stays as it was)
+    pricing = random.Random(seed ^ 0x5EED)  # re-prefill pricing, drawn apart too
     roles = {r: RoleState(role=r, tp=tp[r], model=model[r], kv_capacity_tokens=cap[r],
                           waiting=seqs(rng.choice((0, 0, rng.randint(1, max_seqs)))),
                           tau_shift_s=rng.choice((0.0, 1.0, 10.0)),
                           headroom_tokens=sched.choice((0, 0, 16, 300)),
-                          queue_key=sched.choice((None, None, longest_first, by_prompt_length))) for r in tp}
+                          queue_key=sched.choice((None, None, longest_first, by_prompt_length)),
+                          reprefill_horizon_s=pricing.choice((None, None, 0.5, 60.0))) for r in tp}
     return WorkloadState(devices=devices, training_device_ids=training, training_active=training_active,
                          next_batch_ready=rng.random() < 0.2, replicas=tuple(replicas), roles=roles)

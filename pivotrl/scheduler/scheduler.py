@@ -4,6 +4,9 @@ A shared waiting queue feeds replicas by the throughput-maximizing Dispatch of �
 reduced to Abort + Dispatch (§6.2): shift down aborts every sequence of the leaving replicas
 (Alg. 3), shift up first drains the queue into the new replicas and then repeatedly migrates the
 shortest sequence of the highest-throughput replica while aggregate throughput improves (Alg. 4).
+With ``reprefill_horizon_s`` (beyond the paper) a migration must also pay for the re-prefill it costs:
+the rise of aggregate throughput held for that many seconds must exceed the tokens the destination
+loses while it re-prefills the sequence (``slots.migrate``).
 
 The scheduler is pure: it updates its own bookkeeping and returns the actions (``Dispatch``,
 ``Abort``) an executor must apply to real engines (or that the simulator applies to simulated
@@ -35,7 +38,8 @@ from pivotrl.scheduler.replicas import ReplicaTable, ReplicaView
 from pivotrl.scheduler.running import RunningSequences
 from pivotrl.scheduler.throughput import ThroughputModel
 
-__all__ = ["ShiftAwareScheduler", "Dispatch", "Abort", "Action", "ReplicaSpec", "MIGRATION_RTOL"]
+__all__ = ["ShiftAwareScheduler", "Dispatch", "Abort", "Action", "ReplicaSpec", "MIGRATION_RTOL",
+           "check_reprefill_horizon", "migration_horizon"]
 
 ReplicaId = Hashable
 MIGRATION_RTOL = 1e-12  # a migration must raise aggregate throughput by more than this fraction
@@ -97,11 +101,14 @@ def _collector_paused(method: Callable[_P, _R]) -> Callable[_P, _R]:
 class ShiftAwareScheduler:
     """Shared queue + throughput-model dispatch + shift-time migration for one role's replicas."""
 
-    def __init__(self, *, queue_key: QueueKey | None = None, headroom_tokens: int = 0) -> None:
+    def __init__(self, *, queue_key: QueueKey | None = None, headroom_tokens: int = 0,
+                 reprefill_horizon_s: float | None = None) -> None:
         if isinstance(headroom_tokens, bool) or not isinstance(headroom_tokens, (int, np.integer)) \
                 or headroom_tokens < 0:
             raise ValueError(f"headroom_tokens must be an integer >= 0, got {headroom_tokens!r}")
         self.queue_key, self.headroom_tokens = queue_key, int(headroom_tokens)
+        # None: Alg. 4 as the paper has it; else a migration must pay back its re-prefill within this many seconds
+        self.reprefill_horizon_s = check_reprefill_horizon(reprefill_horizon_s)
         self.queue = WaitingQueue(queue_key)
         self._table = ReplicaTable(headroom_tokens)
         self._running = RunningSequences()
@@ -304,7 +311,7 @@ class ShiftAwareScheduler:
         owner = slot[order]
         moves = np.empty((len(rows) + 1, 3), dtype=np.int64)
         count = slots.migrate(table.consts, table.state, table.headroom, tokens[order].astype(np.float64), owner,
-                              MIGRATION_RTOL, moves)
+                              MIGRATION_RTOL, moves, migration_horizon(self.reprefill_horizon_s))
         actions: list[Action] = []
         for rank, src, dst in moves[:count].tolist():
             row = int(rows[order[rank]])
@@ -365,6 +372,7 @@ class ShiftAwareScheduler:
         """An independent copy (the planner simulates candidate shifts on copies, §7.3)."""
         other = ShiftAwareScheduler.__new__(ShiftAwareScheduler)
         other.queue_key, other.headroom_tokens = self.queue_key, self.headroom_tokens
+        other.reprefill_horizon_s = self.reprefill_horizon_s
         other.queue = self.queue.copy()
         other._table = self._table.copy()
         other._running = self._running.copy()
@@ -385,6 +393,22 @@ class ShiftAwareScheduler:
             assert model is not None and abs(table.throughput(slot) - model.throughput(tokens, len(members))) \
                 <= 1e-9 * max(1.0, table.throughput(slot))
         assert all(table.ids[int(s)] is not None for s in run.slot[live]), "a sequence runs on a removed replica"
+
+
+def check_reprefill_horizon(value: float | None) -> float | None:
+    """``reprefill_horizon_s`` validated: None (unpriced) or a finite number of seconds > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not 0 < value < np.inf:
+        raise ValueError(f"reprefill_horizon_s must be null (migrations unpriced, the paper's Alg. 4) or a finite "
+                         f"number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def migration_horizon(reprefill_horizon_s: float | None) -> float:
+    """The horizon ``slots.migrate`` takes: ``inf`` prices nothing."""
+    return np.inf if reprefill_horizon_s is None else reprefill_horizon_s
 
 
 def _net(actions: list[Action]) -> list[Action]:

@@ -26,7 +26,7 @@ from pivotrl._numba import njit
 
 __all__ = ["NUM_CONSTS", "NUM_TERMS", "A", "B", "C", "D", "CAP", "N", "T", "N1", "BASE", "TP", "FREE",
            "new_arrays", "slot_terms", "set_slot", "change_slot", "remove_slot", "dispatch",
-           "migrate", "total_throughput", "warm_up"]
+           "migrate", "prefill_s", "total_throughput", "warm_up"]
 
 A, B, C, D, CAP = range(5)  # rows of ``consts``
 N, T, N1, BASE, TP, FREE = range(6)  # rows of ``state``
@@ -111,6 +111,14 @@ def _scan(a: np.ndarray, n1: np.ndarray, base: np.ndarray, thr: np.ndarray, free
     return best if best_gain > -np.inf else -1
 
 
+@_inline
+def prefill_s(consts: np.ndarray, slot: int, tokens: float) -> float:
+    """Seconds ``slot`` stalls its decode to prefill ``tokens`` tokens: one forward pass over them, priced by the
+    slot's own App. A model as an iteration of ``tokens`` one-token sequences, ``max(B, C·tokens) + D`` (the
+    attention term ``A·t`` reads cached KV, which a prefill of fresh tokens has none of)."""
+    return max(consts[B, slot], consts[C, slot] * tokens) + consts[D, slot]
+
+
 @_jit
 def total_throughput(state: np.ndarray) -> float:
     """Σ T over the slots, summed in slot order (the one aggregate both callers use)."""
@@ -143,11 +151,29 @@ def dispatch(consts: np.ndarray, state: np.ndarray, headroom: float, allowed: np
     return tokens.shape[0]
 
 
+@_inline
+def _priced_scan(consts: np.ndarray, thr: np.ndarray, gain: np.ndarray, tokens: float, horizon: float) -> int:
+    """The first arg-max over slots with room (``gain`` > -inf, from ``_scan``) of ΔT less the destination's re-prefill
+    loss of ``tokens`` spread over ``horizon``; -1: none."""
+    best, best_value = -1, -np.inf
+    for s in range(gain.shape[0]):
+        if gain[s] > -np.inf:
+            value = gain[s] - prefill_s(consts, s, tokens) * (thr[s] + gain[s]) / horizon
+            if value > best_value:
+                best, best_value = s, value
+    return best
+
+
 @_jit
 def migrate(consts: np.ndarray, state: np.ndarray, headroom: float, tokens: np.ndarray, owner: np.ndarray,
-            rtol: float, out_moves: np.ndarray) -> int:
+            rtol: float, out_moves: np.ndarray, horizon: float = np.inf) -> int:
     """Alg. 4's loop: move the shortest sequence of the highest-T slot to the arg-max ΔT slot while
     Σ T rises by more than ``rtol`` of itself; at most ``len(out_moves)`` moves.
+
+    ``horizon`` (seconds; ``inf``: the paper's loop) prices the re-prefill a move costs: the destination stalls its
+    decode for ``prefill_s`` of the sequence, losing that many seconds of its throughput after the move. The
+    destination is then the arg-max of ΔT less that loss spread over ``horizon``, and the move is made only while the
+    rise of Σ T, held for ``horizon``, pays more than the loss (beyond the paper).
 
     Sequences are ranks of one order, ``tokens`` ascending with seq_id breaking ties (the order of
     "shortest"); ``owner[r]`` is the slot running rank r (-1: none) and is updated by each move.
@@ -176,9 +202,12 @@ def migrate(consts: np.ndarray, state: np.ndarray, headroom: float, tokens: np.n
         before = thr[src]
         change_slot(consts, state, headroom, src, -1.0, -tokens[r])
         dst = _scan(a, n1, base, thr, free, tokens[r], gain)
+        if horizon < np.inf and dst >= 0:
+            dst = _priced_scan(consts, thr, gain, tokens[r], horizon)
         if dst >= 0 and dst != src:
             improvement = gain[dst] - (before - thr[src])
-            if improvement > rtol * max(total_throughput(state), 1e-300):
+            stall = prefill_s(consts, dst, tokens[r]) * (thr[dst] + gain[dst]) / horizon
+            if improvement > rtol * max(total_throughput(state), 1e-300) + stall:
                 change_slot(consts, state, headroom, dst, 1.0, tokens[r])
                 owner[r] = dst
                 head[dst] = min(head[dst], r)
@@ -200,8 +229,9 @@ def warm_up() -> None:
     for s in range(2):
         set_slot(consts, state, 0.0, s, 0.0, 0.0)
     change_slot(consts, state, 0.0, 0, 1.0, 10.0)
-    migrate(consts, state, 0.0, np.array([5.0, 7.0, 10.0]), np.array([0, 1, 0], np.int64), 1e-9,
-            np.empty((4, 3), np.int64))
+    for horizon in (np.inf, 60.0):
+        migrate(consts, state, 0.0, np.array([5.0, 7.0, 10.0]), np.array([0, 1, 0], np.int64), 1e-9,
+                np.empty((4, 3), np.int64), horizon)
     for c, st in ((consts, state), (np.asfortranarray(consts), np.asfortranarray(state))):
         dispatch(c, st, 0.0, np.ones(2, dtype=bool), np.array([5.0, 7.0]), np.empty(2, np.int64))
         total_throughput(st)

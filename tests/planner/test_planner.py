@@ -9,10 +9,11 @@ from pivotrl.planner.synthetic import fig8_state, random_state
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.integers(0, 10**6))
-def test_decisions_are_valid_maximal_and_match_the_reference(seed):
+@given(st.integers(0, 10**6), st.booleans())
+def test_decisions_are_valid_maximal_and_match_the_reference(seed, price_reprefill):
     state = random_state(seed)
-    decision = Planner().plan(state)
+    config = PlannerConfig(price_reprefill=price_reprefill)
+    decision = Planner(config).plan(state)
     for cand in decision.candidates:
         validate_plan(state, cand.plan)  # no device gets two roles, tp respected
     if decision.up_role == "training":
@@ -25,12 +26,13 @@ def test_decisions_are_valid_maximal_and_match_the_reference(seed):
         else:
             chosen = next(c for c in decision.candidates if c.plan == decision.plan)
             assert chosen.benefit == pytest.approx(max(benefits), rel=1e-9) and chosen.benefit > 0
-    ref = ReferencePlanner().plan(state)
+    ref = ReferencePlanner(config).plan(state)
     assert decision.plan == ref.plan and decision.up_role == ref.up_role
     assert decision.current_throughput == pytest.approx(ref.current_throughput, rel=1e-12)
     assert [(c.num_up, c.plan) for c in decision.candidates] == [(c.num_up, c.plan) for c in ref.candidates]
-    for a, b in zip(decision.candidates, ref.candidates):
+    for a, b in zip(decision.candidates, ref.candidates):  # re-prefill stalls priced alike (random_state draws them)
         assert a.throughput == pytest.approx(b.throughput, rel=1e-12)
+        assert a.benefit == pytest.approx(b.benefit, rel=1e-9, abs=1e-6)
 
 
 def test_fig8_worked_example():
@@ -102,3 +104,23 @@ def test_no_deadlock_when_both_roles_starve_on_a_cluster_held_by_training() -> N
     decision = make_strategy("pivotrl").plan(state)
     assert decision.plan is not None and decision.plan.up_replicas
     assert all(c.benefit > 0 for c in decision.candidates)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 10**6))
+def test_pricing_reprefill_only_lowers_benefits_and_lowers_some(seed):
+    """The candidates stay the same; each one's benefit drops by the re-prefill its migrations cost (>= 0)."""
+    state = random_state(seed)
+    plain, priced = (Planner(PlannerConfig(price_reprefill=p)).plan(state) for p in (False, True))
+    assert [c.plan for c in plain.candidates] == [c.plan for c in priced.candidates]
+    for a, b in zip(plain.candidates, priced.candidates):
+        assert b.benefit <= a.benefit + 1e-9 * max(1.0, abs(a.benefit))
+
+
+def test_pricing_reprefill_lowers_the_benefit_of_a_shift_that_migrates():
+    lowered = 0
+    for seed in range(60):
+        state = random_state(seed)
+        plain, priced = (Planner(PlannerConfig(price_reprefill=p)).plan(state) for p in (False, True))
+        lowered += any(b.benefit < a.benefit for a, b in zip(plain.candidates, priced.candidates))
+    assert lowered >= 5, lowered

@@ -2,6 +2,10 @@
 
 τ and φ use each replica's current throughput (measured when the snapshot has it, else its
 throughput model at the current load); Eq. 1 uses the throughput model through ``RoleSimulator``.
+With ``price_reprefill`` (beyond the paper) the tokens the replicas lose re-prefilling a candidate's
+migrated sequences count against the candidate's benefit beside φ (``RoleSimulator.stall_tokens``); a
+role scheduler's own re-prefill pricing of migrations (``RoleState.reprefill_horizon_s``) is replayed
+either way.
 Invariant: see ``pivotrl.planner.planner``.
 """
 from __future__ import annotations
@@ -34,5 +38,7 @@ class PivotRLPlanner(FiveStepPlanner):
             models[role] = RoleSimulator(state.replicas_of(role), spec.waiting, new_model=spec.model,
                                          new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=max_new[role],
                                          migrate=self.migration, restart_aborted=self.restart_aborted,
-                                         headroom_tokens=spec.headroom_tokens, queue_key=spec.queue_key)
+                                         headroom_tokens=spec.headroom_tokens, queue_key=spec.queue_key,
+                                         reprefill_horizon_s=spec.reprefill_horizon_s,
+                                         price_reprefill=self.config.price_reprefill)
         return models

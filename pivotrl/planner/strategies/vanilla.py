@@ -40,6 +40,9 @@ class BusyCountModel:
         busy = sum(1 for n in stay if n)
         return float(busy + min(len(stay) - busy, queued))
 
+    def stall_tokens(self, num_up: int, down: Sequence[int]) -> float:
+        return 0.0  # a restart re-prefills, and this model prices none of it (the ablation's point)
+
     def after_shift_up(self, num_new: int) -> float:
         busy = sum(1 for n in self._seqs.values() if n)
         return float(busy + min(len(self._seqs) - busy + num_new, self._waiting))
