@@ -30,6 +30,11 @@ __all__ = ["main", "EXPERIMENTS"]
 
 KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
 BEYOND = ("critical",)  # strategies beyond the paper, run beside ``pivotrl`` (pivotrl/planner/strategies)
+OPTIONS: dict[str, dict[str, Any]] = {  # fig11's options beyond the paper, each on top of the paper-faithful pivotrl
+    "pivotrl+rebalance": {"rebalance": True},
+    "pivotrl+reprefill": {"reprefill_horizon_s": 240.0},  # Alg. 4 pays for re-prefill within 240 s
+    "pivotrl+priced": {"strategy_cfg": {"price_reprefill": True}},  # the benefit charges re-prefill beside φ
+}
 
 
 def _scenario(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
@@ -44,7 +49,7 @@ def _scenario(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
 
 def _base(kind: str, **kw: Any) -> DeploymentConfig:
     if kind == "pivotrl" or kind in BEYOND:
-        return DeploymentConfig(kind="shiftable", strategy=kind, **kw)
+        return DeploymentConfig(kind="shiftable", **{"strategy": kind, **kw})
     return DeploymentConfig(kind=kind, **kw)  # type: ignore[arg-type]
 
 
@@ -124,11 +129,14 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
             cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], rebalance=True), seed=args.seed,
                             **_constants(args))
             rebalanced[k] = simulate(cfg, workload=wl).tps
+        # the other options beyond the paper (fig11's OPTIONS but rebalancing, above): PivotRL tuned again with each
+        options = {n: _best(sc, _base("pivotrl", **opt), args, wl).tps for n, opt in OPTIONS.items()
+                   if n != "pivotrl+rebalance"}
         work = fluid.work_s * sc.num_devices
         loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
                 for k, r in best.items()}
         groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss,
-                       "rebalanced_tps": rebalanced})
+                       "rebalanced_tps": rebalanced, "options_tps": options})
         ref = paper.FIG9_TPS[key]
         static = max(tps[k] for k in KINDS[:3])
         rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS + BEYOND] + [round(bound)]
@@ -144,6 +152,12 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
            [[g["name"]] + [round(g["rebalanced_tps"][k]) for k in KINDS]
             + [g["rebalanced_tps"]["pivotrl"] / max(g["rebalanced_tps"][k] for k in KINDS[:3]),
                g["rebalanced_tps"]["pivotrl"] / g["fluid_bound"]] for g in groups])
+    print("\nPivotRL with each other option beyond the paper (fig11's OPTIONS), tuned again; x best: over the best "
+          "baseline above")
+    _table(["group", "pivotrl"] + [f"{n} {c}" for n in groups[0]["options_tps"] for c in ("tok/s", "x best", "/fluid")],
+           [[g["name"], round(g["tps"]["pivotrl"])]
+            + [x for n, t in g["options_tps"].items()
+               for x in (round(t), t / max(g["tps"][k] for k in KINDS[:3]), t / g["fluid_bound"])] for g in groups])
     print("\nwhere each best run's device time went (% of devices x run time; bound work: the fluid bound's "
           "device-seconds of useful work, the least any run can spend):")
     uses = ("decode_rollout", "decode_reward", "prefill", "reprefill", "training", "shifting", "held_without_work",
@@ -189,11 +203,13 @@ def fig10(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fig11(args: argparse.Namespace) -> dict[str, Any]:
-    """Strategies (static and rule start from the best disaggregated split and lend its training set)
-    and components (vanilla, model, pivotrl: each with its own best training set) vs disaggregated."""
+    """Strategies (static and rule start from the best disaggregated split and lend its training set), components
+    (vanilla, model, pivotrl: each with its own best training set) and the options beyond the paper vs disaggregated;
+    then why the components come out in their order: where each best run's work went, and the components again at
+    Table 4's training set."""
     out: dict[str, Any] = {}
-    rows = []
-    names = ["static", "rule", "vanilla", "model", "pivotrl", *BEYOND]
+    rows, why, table4 = [], [], {}
+    names = ["static", "rule", "vanilla", "model", "pivotrl", *BEYOND, *OPTIONS]
     for key in ("7B+30B", "1.5B+9B"):
         sc = _scenario(key, args)
         wl = Workload.sample(sc.workload, args.seed)
@@ -202,14 +218,39 @@ def fig11(args: argparse.Namespace) -> dict[str, Any]:
                      training_devices=disagg.extra["training"])
         deps = [DeploymentConfig(kind="shiftable", strategy=s, **split) for s in ("static", "rule")]
         res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
-        res += [_best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in names[2:]]
+        res += [_best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in names[2:6]]
+        res += [_best(sc, _base("pivotrl", **opt), args, wl) for opt in OPTIONS.values()]
         out[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(names, res)}
         rows += [[key, n, out[key][n], paper.FIG11_RATIO[key].get(n, "-"), "-" if r is None else _alloc(r)]
                  for n, r in zip(names, res)]
+        why += [[key, n, _alloc(r)] + _work_shares(r, disagg) for n, r in zip(names, res)
+                if r is not None and n in _COMPONENTS]
+        tr = paper.TABLE4[key]["pivotrl_training"]
+        at = simulate_many([SimConfig(scenario=sc, deployment=_base("pivotrl", strategy=n, training_devices=tr),
+                                      seed=args.seed) for n in _COMPONENTS], wl, args.jobs)
+        table4[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(_COMPONENTS, at)}
+        why += [[key, n, f"TR={tr} (Table 4)"] + _work_shares(r, disagg) for n, r in zip(_COMPONENTS, at)
+                if r is not None]
     _table(["group", "strategy", "x disaggregated", "paper", "allocation"], rows)
+    print("\nwhy the components come out in their order (each at its own best training set, then at Table 4's): "
+          "restarted = tokens generated and thrown away by a restart, % of the run's generated tokens; device time %")
+    _table(["group", "strategy", "allocation", "x disagg", "restarted %", "re-prefill %", "training %", "idle+held %",
+            "shifts/step"], why)
     plots.bars(names, {k: [out[k][n] for n in names] for k in out}, args.out / "fig11.png",
                "throughput / disaggregated", "Fig. 11 (simulated)")
-    return {"ratio_vs_disaggregated": out}
+    return {"ratio_vs_disaggregated": out, "components_at_table4_training_set": table4}
+
+
+_COMPONENTS = ("vanilla", "model", "pivotrl")
+
+
+def _work_shares(r: SimResult, disagg: SimResult) -> list[Any]:
+    """Of one run: tok/s over ``disagg``'s, restarted tokens %, re-prefill / training / idle+held device time %,
+    shifts per step."""
+    u, total = r.device_s_by_use, r.num_devices * r.finished_s
+    return [r.tps / disagg.tps, 100 * r.discarded_tokens / max(r.generated_tokens + r.discarded_tokens, 1),
+            100 * u["reprefill"] / total, 100 * u["training"] / total,
+            100 * (u["idle"] + u["held_without_work"]) / total, r.shifts_per_step]
 
 
 def fig14(args: argparse.Namespace) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class SimResult:
     timeline: tuple[TimelinePoint, ...] = ()
     shifts: tuple[dict[str, Any], ...] = ()
     kv_overflows: int = 0
+    discarded_tokens: int = 0  # generated, then thrown away by a restart (strategies without migration)
     events: tuple[dict[str, Any], ...] = ()  # the event record (``SimConfig.record_events``)
     held_device_s: dict[str, float] = field(default_factory=dict)  # device-seconds each role held
     extra: dict[str, Any] = field(default_factory=dict)
@@ -89,6 +90,7 @@ class SimResult:
             timeline=tuple(sim.timeline),
             shifts=tuple(sim.shifts),
             kv_overflows=sum(rt.num_overflows for rt in roles),
+            discarded_tokens=sum(rt.discarded_tokens for rt in roles),
             events=tuple(sim.events.events),
             held_device_s=held,
             extra=dict(sim.deployment.describe()),
