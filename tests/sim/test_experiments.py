@@ -17,8 +17,23 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert group["name"] == "Qwen2.5-7B & Qwen3-30B-A3B" and group["devices"] == 32
     assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
+    assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced"}  # PivotRL tuned with each option
+    assert all(0 < tps <= group["fluid_bound"] for tps in group["options_tps"].values())
     assert (tmp_path / "fig9.png").stat().st_size > 0
     (calibrated,) = last["calibrated"]["groups"]  # the calibrated scenario set, with the same fields
     assert set(calibrated) == set(group) and set(calibrated["tps"]) == set(group["tps"])
     assert all(0 < tps <= calibrated["fluid_bound"] for tps in calibrated["tps"].values())
     assert (tmp_path / "fig9-calibrated.png").stat().st_size > 0
+
+
+def test_reprefill_sweeps_every_horizon_beside_the_paper_faithful_run(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from pivotrl.sim.ablations import REPREFILL_HORIZONS_S
+
+    main(["reprefill", "--quick", "--groups", "7B+30B", "--json", "--out", str(tmp_path)])
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["groups"]["7B+30B"]
+    assert (rows[0]["horizon_s"], rows[0]["price_benefit"]) == (None, False)  # the paper-faithful run first
+    assert [(r["horizon_s"], r["price_benefit"]) for r in rows[1:]] == [
+        (h, p) for p in (False, True) for h in REPREFILL_HORIZONS_S]
+    assert all(r["tps"] > 0 and 0 <= r["reprefill_pct"] <= 100 for r in rows)
+    assert (tmp_path / "reprefill.png").stat().st_size > 0

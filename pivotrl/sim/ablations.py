@@ -1,0 +1,122 @@
+"""Control experiments on the simulator: the strategies and components of Fig. 11 with the options beyond the paper,
+the horizon H of Fig. 14, and the re-prefill pricing sweep (``python -m pivotrl.sim.experiments fig11 | fig14 |
+reprefill``)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from pivotrl.sim import paper, plots
+from pivotrl.sim.config import SCENARIOS, DeploymentConfig, SimConfig
+from pivotrl.sim.results import SimResult
+from pivotrl.sim.runner import simulate_many
+from pivotrl.sim.tuning import (BEYOND, OPTIONS, alloc, base, best, best_with_config, scenario_for, table,
+                                tps_text)
+from pivotrl.sim.workload import Workload
+
+__all__ = ["fig11", "fig14", "reprefill", "REPREFILL_HORIZONS_S"]
+
+
+def fig11(args: argparse.Namespace) -> dict[str, Any]:
+    """Strategies (static and rule start from the best disaggregated split and lend its training set), components
+    (vanilla, model, pivotrl: each with its own best training set) and the options beyond the paper vs disaggregated;
+    then why the components come out in their order: where each best run's work went, and the components again at
+    Table 4's training set."""
+    out: dict[str, Any] = {}
+    rows, why, table4 = [], [], {}
+    names = ["static", "rule", "vanilla", "model", "pivotrl", *BEYOND, *OPTIONS]
+    for key in ("7B+30B", "1.5B+9B"):
+        sc = scenario_for(key, args)
+        wl = Workload.sample(sc.workload, args.seed)
+        disagg = best(sc, base("disaggregated"), args, wl)
+        split = dict(initial="split", rollout_devices=disagg.extra["rollout"], reward_devices=disagg.extra["reward"],
+                     training_devices=disagg.extra["training"])
+        deps = [DeploymentConfig(kind="shiftable", strategy=s, **split) for s in ("static", "rule")]
+        res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
+        res += [best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in names[2:6]]
+        res += [best(sc, base("pivotrl", **opt), args, wl) for opt in OPTIONS.values()]
+        out[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(names, res)}
+        rows += [[key, n, out[key][n], paper.FIG11_RATIO[key].get(n, "-"), "-" if r is None else alloc(r)]
+                 for n, r in zip(names, res)]
+        why += [[key, n, alloc(r)] + _work_shares(r, disagg) for n, r in zip(names, res)
+                if r is not None and n in _COMPONENTS]
+        tr = paper.TABLE4[key]["pivotrl_training"]
+        at = simulate_many([SimConfig(scenario=sc, deployment=base("pivotrl", strategy=n, training_devices=tr),
+                                      seed=args.seed) for n in _COMPONENTS], wl, args.jobs)
+        table4[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(_COMPONENTS, at)}
+        why += [[key, n, f"TR={tr} (Table 4)"] + _work_shares(r, disagg) for n, r in zip(_COMPONENTS, at)
+                if r is not None]
+    table(["group", "strategy", "x disaggregated", "paper", "allocation"], rows)
+    print("\nwhy the components come out in their order (each at its own best training set, then at Table 4's): "
+          "restarted = tokens generated and thrown away by a restart, % of the run's generated tokens; device time %")
+    table(["group", "strategy", "allocation", "x disagg", "restarted %", "re-prefill %", "training %", "idle+held %",
+            "shifts/step"], why)
+    plots.bars(names, {k: [out[k][n] for n in names] for k in out}, args.out / "fig11.png",
+               "throughput / disaggregated", "Fig. 11 (simulated)")
+    return {"ratio_vs_disaggregated": out, "components_at_table4_training_set": table4}
+
+
+_COMPONENTS = ("vanilla", "model", "pivotrl")
+
+
+def _work_shares(r: SimResult, disagg: SimResult) -> list[Any]:
+    """Of one run: tok/s over ``disagg``'s, restarted tokens %, re-prefill / training / idle+held device time %,
+    shifts per step."""
+    u, total = r.device_s_by_use, r.num_devices * r.finished_s
+    return [r.tps / disagg.tps, 100 * r.discarded_tokens / max(r.generated_tokens + r.discarded_tokens, 1),
+            100 * u["reprefill"] / total, 100 * u["training"] / total,
+            100 * (u["idle"] + u["held_without_work"]) / total, r.shifts_per_step]
+
+
+def fig14(args: argparse.Namespace) -> dict[str, Any]:
+    """H sweep of PivotRL on the 7B group with Table 4's training set (a quarter of the devices)."""
+    sc = scenario_for("7B+30B", args)
+    wl = Workload.sample(sc.workload, args.seed)
+    tr = sc.num_devices // 4
+    hs = [0.01, 5, 30, 60, 90, 120, 600]
+    deps = [base("pivotrl", training_devices=tr, strategy_cfg={"horizon_s": float(h)}) for h in hs]
+    res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
+    tps = [r.tps if r else 0.0 for r in res]
+    shifts = [r.shifts_per_step if r else 0.0 for r in res]
+    table(["H (s)", "tok/s", "shifts/step"], [[h, round(t) if t else "stalled", s] for h, t, s in zip(hs, tps, shifts)])
+    plots.sweep(hs, tps, shifts, args.out / "fig14.png", "H (s)", "tokens/s", "shifts per step",
+                f"Fig. 14 (simulated): {sc.name}, training set {tr}")
+    return {"H": hs, "tps": tps, "shifts_per_step": shifts, "training_devices": tr}
+
+
+REPREFILL_HORIZONS_S = (1.0, 5.0, 20.0, 60.0, 240.0, 1000.0)
+
+
+def reprefill(args: argparse.Namespace) -> dict[str, Any]:
+    """PivotRL at its tuned training set with re-prefill priced (beyond the paper), by horizon: Alg. 4 pays for its
+    moves within the horizon (``deployment.reprefill_horizon_s``), and with it the planner's benefit charges the
+    re-prefill (``price_reprefill``); beside the paper-faithful run, with where the device time went."""
+    out: dict[str, Any] = {}
+    rows = []
+    for key in args.groups or list(SCENARIOS):
+        sc = scenario_for(key, args)
+        wl = Workload.sample(sc.workload, args.seed)
+        tuned, paper_run = best_with_config(sc, base("pivotrl"), args, wl)
+        variants = [("paper", None, False)] + [(f"{h:g} s", h, p) for p in (False, True) for h in REPREFILL_HORIZONS_S]
+        deps = [dataclasses.replace(tuned, reprefill_horizon_s=h, strategy_cfg={"price_reprefill": p})
+                for _, h, p in variants[1:]]
+        res = [paper_run] + simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl,
+                                          args.jobs)
+        out[key] = []
+        for (label, h, p), r in zip(variants, res):
+            u, total = (r.device_s_by_use, r.num_devices * r.finished_s) if r else ({}, 1.0)
+            row = {"horizon_s": h, "price_benefit": p, "tps": r.tps if r else None,
+                   **{f"{k}_pct": 100 * u.get(k, 0.0) / total for k in ("reprefill", "training")},
+                   "idle_held_pct": 100 * (u.get("idle", 0.0) + u.get("held_without_work", 0.0)) / total}
+            out[key].append(row)
+            rows.append([key, alloc(paper_run), label, "yes" if p else "no", tps_text(row["tps"]),
+                         (r.tps / paper_run.tps) if r else "-", row["reprefill_pct"], row["training_pct"],
+                         row["idle_held_pct"]])
+    table(["group", "allocation", "horizon", "benefit priced", "tok/s", "x paper", "re-prefill %", "training %",
+           "idle+held %"], rows)
+    labels = [f"{label}{' + benefit' if p else ''}" for label, _, p in variants]
+    plots.bars(list(out), {lab: [(g[i]["tps"] or 0.0) / g[0]["tps"] for g in out.values()]
+                           for i, lab in enumerate(labels)}, args.out / "reprefill.png", "tok/s / paper-faithful",
+               "PivotRL with re-prefill priced, by horizon (simulated)")
+    return {"groups": out}
