@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pivotrl.control import DeploymentConfig
 from pivotrl.scheduler import Abort, Dispatch, ReplicaSpec, ShiftAwareScheduler, ThroughputModel
-from test_scheduler import MODELS, replica_specs, seqs
+from test_scheduler import MODELS, _best_move_of, replica_specs, seqs
 
 new_replicas = st.lists(st.tuples(st.sampled_from(range(len(MODELS))), st.integers(500, 20_000)), min_size=1,
                         max_size=3)
@@ -23,30 +23,6 @@ def _build(specs, sequences, horizon):  # type: ignore[no-untyped-def]
     for rid in s.replica_ids:
         s.advance(rid, 7)
     return s
-
-
-def _stall_tokens(model: ThroughputModel, tokens: int, dst_throughput_after: float) -> float:
-    """What the destination loses re-prefilling ``tokens``: one forward pass over them at its throughput after."""
-    return (max(model.B, model.C * tokens) + model.D) * dst_throughput_after
-
-
-def _best_priced_move(s: ShiftAwareScheduler, src, horizon: float) -> float:  # type: ignore[no-untyped-def]
-    """Brute force from the public views: the largest (rise of Σ T) − (stall tokens / horizon) over moves of one of
-    ``src``'s shortest sequences to a replica with room."""
-    view = s.replica(src)
-    mine = s.sequences_on(src)
-    if not mine:
-        return -math.inf
-    shortest = min(q.num_tokens for q in mine)
-    left = view.model.throughput(view.num_tokens - shortest, view.num_seqs - 1) - view.throughput
-    best = -math.inf
-    for dst in s.replica_ids:
-        other = s.replica(dst)
-        if dst == src or other.num_tokens + shortest > other.kv_capacity_tokens:
-            continue
-        after = other.model.throughput(other.num_tokens + shortest, other.num_seqs + 1)
-        best = max(best, left + after - other.throughput - _stall_tokens(other.model, shortest, after) / horizon)
-    return best
 
 
 @settings(max_examples=80, deadline=None)
@@ -70,7 +46,7 @@ def test_priced_migration_stops_when_no_move_of_the_busiest_replica_pays_for_its
     top = max(s.replica(r).throughput for r in s.replica_ids)
     scale = s.aggregate_throughput()
     for r in [r for r in s.replica_ids if s.replica(r).throughput == top]:
-        assert _best_priced_move(s, r, horizon) <= 1e-9 * max(scale, 1.0), _best_priced_move(s, r, horizon)
+        assert _best_move_of(s, r, horizon) <= 1e-9 * max(scale, 1.0), _best_move_of(s, r, horizon)
 
 
 @settings(max_examples=60, deadline=None)

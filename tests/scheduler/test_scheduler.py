@@ -258,9 +258,11 @@ def test_place_imports_a_live_replica_even_beyond_capacity() -> None:
     assert s.dispatch() == []  # no room left: the new sequence waits
 
 
-def _best_move_of(s: ShiftAwareScheduler, src) -> float:  # type: ignore[no-untyped-def]
+def _best_move_of(s: ShiftAwareScheduler, src, horizon: float = math.inf) -> float:  # type: ignore[no-untyped-def]
     """Brute force, from the public views and models alone: the largest change of aggregate throughput from
-    moving one of ``src``'s shortest sequences to any other replica with room for it."""
+    moving one of ``src``'s shortest sequences to any other replica with room for it; with a finite ``horizon``, less
+    the tokens the destination loses re-prefilling it (one forward pass, ``max(B, C·tokens) + D``, at the destination's
+    throughput after the move) spread over the horizon."""
     view = s.replica(src)
     seqs = s.sequences_on(src)
     if not seqs:
@@ -272,7 +274,10 @@ def _best_move_of(s: ShiftAwareScheduler, src) -> float:  # type: ignore[no-unty
         other = s.replica(dst)
         if dst == src or other.num_tokens + shortest > other.kv_capacity_tokens:
             continue
-        best = max(best, left + other.model.gain(other.num_tokens, other.num_seqs, shortest))
+        after = other.model.throughput(other.num_tokens + shortest, other.num_seqs + 1)
+        m = other.model
+        stall = (max(m.B, m.C * shortest) + m.D) * after / horizon
+        best = max(best, left + other.model.gain(other.num_tokens, other.num_seqs, shortest) - stall)
     return best
 
 
