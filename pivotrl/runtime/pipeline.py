@@ -294,7 +294,7 @@ def _fit_cache(cfg: PipelineConfig) -> str:
 def _validation(cfg: PipelineConfig, rank: int, training: tuple[int, ...]) -> Any:
     """This training rank's share of the held-out set (every len(training)-th record); None elsewhere."""
     from pivotrl.runtime.config import load_eval_prompts
-    from pivotrl.runtime.worker import Validation
+    from pivotrl.runtime.worker_training import Validation
 
     if not cfg.eval.every or rank not in training:
         return None

@@ -367,7 +367,7 @@ def main(out: Path) -> None:
     tokenizer = load_tokenizer(tiny.policy_path)
     from pivotrl.roles.data import PromptDataset
     from pivotrl.roles.reward import RewardConfig
-    from pivotrl.runtime.worker import Validation
+    from pivotrl.runtime.worker_training import Validation
 
     held_out = list(PromptDataset.arithmetic(2, seed=1))[rank:rank + 1]  # this rank's share of the held-out set
     spec = WorkerSpec(
