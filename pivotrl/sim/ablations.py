@@ -25,7 +25,8 @@ def fig11(args: argparse.Namespace) -> dict[str, Any]:
     Table 4's training set."""
     out: dict[str, Any] = {}
     rows, why, table4 = [], [], {}
-    names = ["static", "rule", "vanilla", "model", "pivotrl", *BEYOND, *OPTIONS]
+    tuned = [*_COMPONENTS, *BEYOND]  # each tuned over the training-set grid
+    names = ["static", "rule", *tuned, *OPTIONS]
     for key in ("7B+30B", "1.5B+9B"):
         sc = scenario_for(key, args)
         wl = Workload.sample(sc.workload, args.seed)
@@ -34,7 +35,7 @@ def fig11(args: argparse.Namespace) -> dict[str, Any]:
                      training_devices=disagg.extra["training"])
         deps = [DeploymentConfig(kind="shiftable", strategy=s, **split) for s in ("static", "rule")]
         res = simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed) for d in deps], wl, args.jobs)
-        res += [best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in names[2:6]]
+        res += [best(sc, DeploymentConfig(kind="shiftable", strategy=s), args, wl) for s in tuned]
         res += [best(sc, base("pivotrl", **opt), args, wl) for opt in OPTIONS.values()]
         out[key] = {n: (r.tps / disagg.tps if r else 0.0) for n, r in zip(names, res)}
         rows += [[key, n, out[key][n], paper.FIG11_RATIO[key].get(n, "-"), "-" if r is None else alloc(r)]
