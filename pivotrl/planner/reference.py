@@ -87,9 +87,7 @@ class ReferencePlanner(Strategy):
             plan = training_plan(state, tau, lambda r: r.throughput)
             after = {r: self._after(base[r], (), [d for d in plan.down_replica_ids if d in base[r].replica_ids])
                      for r in INFERENCE_ROLES}
-            thr = {r: t for r, (t, _) in after.items()}
-            stall = sum(lost for _, lost in after.values())
-            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, plan.penalty + stall)
+            t_cand, benefit = self._benefit(nseq, now, after, plan.penalty)
             cand = CandidateEval(num_up=1, plan=plan, throughput=t_cand, benefit=benefit)
             return Decision(plan=plan, up_role=up_role, candidates=(cand,), current_throughput=current,
                             simulate_s=time.perf_counter() - t0)
@@ -105,9 +103,7 @@ class ReferencePlanner(Strategy):
             new = [ReplicaSpec(replica_id=("new", i), model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens)
                    for i in range(k)]
             after = {up_role: self._after(base[up_role], new, ()), donor: self._after(base[donor], (), c.down_replicas)}
-            thr = {r: t for r, (t, _) in after.items()}
-            stall = sum(lost for _, lost in after.values())
-            t_cand, benefit = shift_benefit(nseq, now, thr, self.config.horizon_s, c.penalty + stall)
+            t_cand, benefit = self._benefit(nseq, now, after, c.penalty)
             plan = ShiftPlan(up_role=up_role, down_replica_ids=c.down_replicas, training_up=False, penalty=c.penalty,
                              up_replicas=tuple(NewReplica(role=up_role, device_ids=pairs.blocks[s])
                                                for s in c.up_replicas))
@@ -115,6 +111,12 @@ class ReferencePlanner(Strategy):
         best = select_best([e.benefit for e in evals], self.config.tie_rtol)
         return Decision(plan=None if best is None else evals[best].plan, up_role=up_role, candidates=tuple(evals),
                         current_throughput=current, simulate_s=time.perf_counter() - t0)
+
+    def _benefit(self, nseq: dict[InferenceRole, int], now: dict[InferenceRole, float],
+                 after: dict[InferenceRole, tuple[float, float]], penalty: float) -> tuple[float, float]:
+        """(T_candidate, B) from each role's (Σ T, re-prefill loss) after the shift."""
+        thr = {r: t for r, (t, _) in after.items()}
+        return shift_benefit(nseq, now, thr, self.config.horizon_s, penalty + sum(lost for _, lost in after.values()))
 
     def _after(self, base: ShiftAwareScheduler, new: Sequence[ReplicaSpec], down: Sequence[int]) -> tuple[float, float]:
         """(Σ T, tokens lost to re-prefill) after the shift; the second 0 unless the config prices re-prefill."""
@@ -129,5 +131,5 @@ class ReferencePlanner(Strategy):
             if isinstance(a, Dispatch) and a.seq_id in aborted:
                 view = sched.replica(a.replica_id)
                 tokens = next(s.num_tokens for s in sched.sequences_on(a.replica_id) if s.seq_id == a.seq_id)
-                lost += (max(view.model.B, view.model.C * tokens) + view.model.D) * view.throughput
+                lost += view.model.latency(0, tokens) * view.throughput  # one forward pass over its tokens
         return sched.aggregate_throughput(), lost

@@ -114,8 +114,9 @@ def _scan(a: np.ndarray, n1: np.ndarray, base: np.ndarray, thr: np.ndarray, free
 @_inline
 def prefill_s(consts: np.ndarray, slot: int, tokens: float) -> float:
     """Seconds ``slot`` stalls its decode to prefill ``tokens`` tokens: one forward pass over them, priced by the
-    slot's own App. A model as an iteration of ``tokens`` one-token sequences, ``max(B, C·tokens) + D`` (the
-    attention term ``A·t`` reads cached KV, which a prefill of fresh tokens has none of)."""
+    slot's own App. A model as an iteration of ``tokens`` one-token sequences, ``max(B, C·tokens) + D``
+    (``ThroughputModel.latency(0, tokens)``; the attention term ``A·t`` reads cached KV, which a prefill of fresh
+    tokens has none of)."""
     return max(consts[B, slot], consts[C, slot] * tokens) + consts[D, slot]
 
 

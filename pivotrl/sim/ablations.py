@@ -64,10 +64,16 @@ _COMPONENTS = ("vanilla", "model", "pivotrl")
 def _work_shares(r: SimResult, disagg: SimResult) -> list[Any]:
     """Of one run: tok/s over ``disagg``'s, restarted tokens %, re-prefill / training / idle+held device time %,
     shifts per step."""
-    u, total = r.device_s_by_use, r.num_devices * r.finished_s
     return [r.tps / disagg.tps, 100 * r.discarded_tokens / max(r.generated_tokens + r.discarded_tokens, 1),
-            100 * u["reprefill"] / total, 100 * u["training"] / total,
-            100 * (u["idle"] + u["held_without_work"]) / total, r.shifts_per_step]
+            *_device_shares(r).values(), r.shifts_per_step]
+
+
+def _device_shares(r: SimResult | None) -> dict[str, float]:
+    """% of a run's devices x run time spent re-prefilling, training, and idle or held without work (0: stalled)."""
+    u, total = (r.device_s_by_use, r.num_devices * r.finished_s) if r else ({}, 1.0)
+    return {"reprefill_pct": 100 * u.get("reprefill", 0.0) / total,
+            "training_pct": 100 * u.get("training", 0.0) / total,
+            "idle_held_pct": 100 * (u.get("idle", 0.0) + u.get("held_without_work", 0.0)) / total}
 
 
 def fig14(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,10 +112,7 @@ def reprefill(args: argparse.Namespace) -> dict[str, Any]:
                                           args.jobs)
         out[key] = []
         for (label, h, p), r in zip(variants, res):
-            u, total = (r.device_s_by_use, r.num_devices * r.finished_s) if r else ({}, 1.0)
-            row = {"horizon_s": h, "price_benefit": p, "tps": r.tps if r else None,
-                   **{f"{k}_pct": 100 * u.get(k, 0.0) / total for k in ("reprefill", "training")},
-                   "idle_held_pct": 100 * (u.get("idle", 0.0) + u.get("held_without_work", 0.0)) / total}
+            row = {"horizon_s": h, "price_benefit": p, "tps": r.tps if r else None, **_device_shares(r)}
             out[key].append(row)
             rows.append([key, alloc(paper_run), label, "yes" if p else "no", tps_text(row["tps"]),
                          (r.tps / paper_run.tps) if r else "-", row["reprefill_pct"], row["training_pct"],

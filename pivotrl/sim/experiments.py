@@ -64,7 +64,7 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
         bound = fluid.tps
         # rebalancing (beyond the paper, any deployment): PivotRL tuned again with it, each static kind's best
         # allocation run again with it
-        rebalanced = {"pivotrl": best(sc, base("pivotrl", rebalance=True), args, wl).tps}
+        rebalanced = {"pivotrl": best(sc, base("pivotrl", **OPTIONS["pivotrl+rebalance"]), args, wl).tps}
         for k in KINDS[:3]:
             cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], rebalance=True), seed=args.seed,
                             **constants(args))

@@ -275,8 +275,7 @@ def _best_move_of(s: ShiftAwareScheduler, src, horizon: float = math.inf) -> flo
         if dst == src or other.num_tokens + shortest > other.kv_capacity_tokens:
             continue
         after = other.model.throughput(other.num_tokens + shortest, other.num_seqs + 1)
-        m = other.model
-        stall = (max(m.B, m.C * shortest) + m.D) * after / horizon
+        stall = other.model.latency(0, shortest) * after / horizon
         best = max(best, left + other.model.gain(other.num_tokens, other.num_seqs, shortest) - stall)
     return best
 
