@@ -33,6 +33,7 @@ def make_deployment(dep: DeploymentConfig, num_devices: int, strategy: Strategy 
     deployment.tail_guard = dep.tail_guard
     deployment.rebalance = dep.rebalance
     deployment.reprefill_horizon_s = dep.reprefill_horizon_s
+    deployment.min_gain = dep.min_gain
     return deployment
 
 

@@ -15,7 +15,7 @@ import math
 from math import gcd
 from typing import Any, Literal
 
-from pivotrl.scheduler.scheduler import check_reprefill_horizon
+from pivotrl.scheduler.scheduler import check_min_gain, check_reprefill_horizon
 
 __all__ = ["DeploymentConfig", "DeploymentKind", "DEPLOYMENT_KINDS", "STRATEGIES"]
 
@@ -50,6 +50,11 @@ class DeploymentConfig:
     # pays for the tokens its destination loses re-prefilling the sequence, and the planner values a candidate by its
     # roles' mean throughput over its horizon less those stalls (beyond the paper; any deployment); null: unpriced
     reprefill_horizon_s: float | None = None
+    # a fraction: Dispatch (and a migration's destination) admits a sequence only where it raises the replica's
+    # throughput by more than this share of the replica's throughput with it; a sequence no replica admits waits in
+    # the queue (pivotrl.scheduler.slots.admits; beyond the paper; any deployment); null: §6.1, the arg-max ΔT even
+    # when negative
+    min_gain: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DEPLOYMENT_KINDS:
@@ -67,6 +72,7 @@ class DeploymentConfig:
                              f"{self.tail_guard!r}")
         try:
             check_reprefill_horizon(self.reprefill_horizon_s)
+            check_min_gain(self.min_gain)
         except ValueError as err:
             raise ValueError(f"deployment.{err}") from None
         if not isinstance(self.rebalance, bool):

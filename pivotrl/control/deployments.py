@@ -29,12 +29,14 @@ class Deployment:
     deployment's decision; the plane builds its ledger from it. ``tail_guard``: the latency slack of the
     role drivers' tail guard (``pivotrl.control.tailguard``; None: §6.1's Dispatch alone). ``rebalance``: whether a
     replica that runs dry takes sequences from crowded ones of its role (``RoleDriver.rebalance``).
-    ``reprefill_horizon_s``: the role schedulers' re-prefill pricing of migrations (None: the paper's Alg. 4)."""
+    ``reprefill_horizon_s``: the role schedulers' re-prefill pricing of migrations (None: the paper's Alg. 4).
+    ``min_gain``: the role schedulers' Dispatch floor (None: §6.1's Dispatch)."""
 
     staleness: int = 0
     tail_guard: float | None = None
     rebalance: bool = False
     reprefill_horizon_s: float | None = None
+    min_gain: float | None = None
 
     def start(self, cp: ControlPlane) -> None:
         raise NotImplementedError

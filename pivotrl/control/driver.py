@@ -47,7 +47,7 @@ class RoleDriver:
     def __init__(self, spec: RoleSpec, *, sync: Callable[[], None] = _no_sync,
                  on_finished: Callable[[str, int], None] | None = None, events: EventLog | None = None,
                  guard: TailGuard | None = None, rebalance: bool = False,
-                 reprefill_horizon_s: float | None = None) -> None:
+                 reprefill_horizon_s: float | None = None, min_gain: float | None = None) -> None:
         self.spec = spec
         self.guard = guard  # None: §6.1's Dispatch; else the tail guard decides what newer steps may take
         # when a replica runs dry with nothing queued, migrate onto it while the role's throughput rises (Alg. 4's
@@ -57,7 +57,8 @@ class RoleDriver:
         self.events = events if events is not None else EventLog(lambda: 0.0, enabled=False)
         self.role = spec.role
         # None: Alg. 4 as the paper has it; else migrations pay for their re-prefill (beyond the paper)
-        self.scheduler = ShiftAwareScheduler(reprefill_horizon_s=reprefill_horizon_s)
+        # None: §6.1's Dispatch; else a sequence joins only where it adds min_gain of a replica's throughput
+        self.scheduler = ShiftAwareScheduler(reprefill_horizon_s=reprefill_horizon_s, min_gain=min_gain)
         self.replicas: dict[int, ReplicaBackend] = {}
         self.discarded_tokens = 0  # generated, then thrown away by a restart (no migration)
         self._sync = sync

@@ -37,7 +37,7 @@ def snapshot(backend: ClusterBackend, drivers: Mapping[InferenceRole, RoleDriver
         roles[role] = RoleState(role=role, tp=spec.tp, model=spec.model, kv_capacity_tokens=spec.kv_capacity_tokens,
                                 waiting=tuple(sched.queue), tau_shift_s=backend.tau_shift_s(role),
                                 headroom_tokens=sched.headroom_tokens, queue_key=sched.queue_key,
-                                reprefill_horizon_s=sched.reprefill_horizon_s)
+                                reprefill_horizon_s=sched.reprefill_horizon_s, min_gain=sched.min_gain)
     live = [s.seq_id for r in replicas for s in r.sequences] + [s.seq_id for r in roles.values() for s in r.waiting]
     return WorkloadState(devices=backend.devices, training_device_ids=training_device_ids,
                          training_active=training_active, next_batch_ready=next_batch_ready,

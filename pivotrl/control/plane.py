@@ -57,7 +57,8 @@ class ControlPlane:
         guard = None if deployment.tail_guard is None else TailGuard(deployment.tail_guard, seqs_per_step)
         self.drivers: dict[InferenceRole, RoleDriver] = {
             role: RoleDriver(backend.role_spec(role), sync=_role_sync(backend, role), events=self.events, guard=guard,
-                             rebalance=deployment.rebalance, reprefill_horizon_s=deployment.reprefill_horizon_s)
+                             rebalance=deployment.rebalance, reprefill_horizon_s=deployment.reprefill_horizon_s,
+                             min_gain=deployment.min_gain)
             for role in INFERENCE_ROLES}
         self.step_end_s: list[float] = []
         self.shifts: list[dict[str, Any]] = []  # executed plans

@@ -55,7 +55,7 @@ def scheduler_from_state(state: WorkloadState, role: InferenceRole) -> ShiftAwar
     """A scheduler holding the snapshot's replicas (in snapshot order), sequences and queue."""
     spec = state.roles[role]
     sched = ShiftAwareScheduler(queue_key=spec.queue_key, headroom_tokens=spec.headroom_tokens,
-                                reprefill_horizon_s=spec.reprefill_horizon_s)
+                                reprefill_horizon_s=spec.reprefill_horizon_s, min_gain=spec.min_gain)
     for r in state.replicas_of(role):
         sched.add_replica(r.replica_id, r.model, r.kv_capacity_tokens)
     for r in state.replicas_of(role):

@@ -12,7 +12,8 @@ With ``price_reprefill`` (beyond the paper) a replay also prices the re-prefill 
 migrated, each ``slots.prefill_s`` of the sequence times the destination's throughput after the
 shift. A sequence counts once, at its final destination, and only if it ran before the shift and
 runs elsewhere after it: exactly the sequences the scheduler's actions Abort and Dispatch. The
-scheduler's own re-prefill pricing of Alg. 4 (``reprefill_horizon_s``) is replayed as it is.
+scheduler's own re-prefill pricing of Alg. 4 (``reprefill_horizon_s``) and its Dispatch floor (``min_gain``) are
+replayed as they are.
 
 The replay holds the role's replicas in the scheduler's own slot arrays and runs the scheduler's
 own compiled Dispatch and migration (``pivotrl.scheduler.slots``), with the scheduler's headroom
@@ -33,7 +34,8 @@ import numpy as np
 from pivotrl.planner.state import ReplicaState, SequenceInfo
 from pivotrl.scheduler import ThroughputModel, slots
 from pivotrl.scheduler.queue import QueueKey, WaitingSequence
-from pivotrl.scheduler.scheduler import MIGRATION_RTOL, check_reprefill_horizon, migration_horizon
+from pivotrl.scheduler.scheduler import (MIGRATION_RTOL, check_min_gain, check_reprefill_horizon, dispatch_floor,
+                                         migration_horizon)
 
 __all__ = ["RoleSimulator"]
 
@@ -45,11 +47,12 @@ class RoleSimulator:
                  new_model: ThroughputModel, new_kv_capacity_tokens: int, max_new: int = 0,
                  migrate: bool = True, restart_aborted: bool = False, headroom_tokens: int = 0,
                  queue_key: QueueKey | None = None, reprefill_horizon_s: float | None = None,
-                 price_reprefill: bool = False) -> None:
+                 price_reprefill: bool = False, min_gain: float | None = None) -> None:
         if headroom_tokens < 0:
             raise ValueError(f"RoleSimulator: headroom_tokens must be >= 0, got {headroom_tokens}")
         self.migrate, self.restart_aborted = migrate, restart_aborted
         self.horizon = migration_horizon(check_reprefill_horizon(reprefill_horizon_s))
+        self.floor = dispatch_floor(check_min_gain(min_gain))
         self.price_reprefill = price_reprefill
         self._stall_up: dict[int, float] = {0: 0.0}
         self._stall_down: dict[frozenset[int], float] = {frozenset(): 0.0}
@@ -110,7 +113,8 @@ class RoleSimulator:
             stream = self._queue_order[(slot_in_queue < 0) | aborted]
             tokens = self._queued_tokens[stream]
             placed = np.full(len(tokens), -1, dtype=np.int64)
-            slots.dispatch(consts, state, self.headroom, np.ones(state.shape[1], dtype=bool), tokens, placed)
+            slots.dispatch(consts, state, self.headroom, np.ones(state.shape[1], dtype=bool), tokens, placed,
+                           self.floor)
             moved = aborted[(slot_in_queue < 0) | aborted] & (placed >= 0)
             self._stall_down[frozenset(ids)] = self._stall(consts, state, tokens[moved], placed[moved])
             out.append(slots.total_throughput(state))
@@ -139,8 +143,9 @@ class RoleSimulator:
         new_only = np.zeros(hi, dtype=bool)
         new_only[lo:] = True
         placed = np.full(len(tokens), -1, dtype=np.int64)
-        done = slots.dispatch(consts, state, self.headroom, new_only, tokens, placed)
-        done += slots.dispatch(consts, state, self.headroom, np.ones(hi, dtype=bool), tokens[done:], placed[done:])
+        done = slots.dispatch(consts, state, self.headroom, new_only, tokens, placed, self.floor)
+        done += slots.dispatch(consts, state, self.headroom, np.ones(hi, dtype=bool), tokens[done:], placed[done:],
+                               self.floor)
         if done < len(tokens) or not self.migrate:
             self._stall_up[k] = 0.0  # queued work only: every prefill is a first one
             return slots.total_throughput(state)
@@ -149,7 +154,7 @@ class RoleSimulator:
         owner[self._rank_of[waiting]] = placed
         ordered = self._tokens[self._shortest_order]
         slots.migrate(consts, state, self.headroom, ordered, owner, MIGRATION_RTOL,
-                      np.empty((self.num_seqs + 1, 3), np.int64), self.horizon)
+                      np.empty((self.num_seqs + 1, 3), np.int64), self.horizon, self.floor)
         before = self._slot[self._shortest_order]
         moved = (before >= 0) & (owner != before)
         self._stall_up[k] = self._stall(consts, state, ordered[moved], owner[moved])

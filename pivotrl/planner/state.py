@@ -14,7 +14,7 @@ from typing import Literal, Mapping
 
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.scheduler.queue import QueueKey, WaitingSequence
-from pivotrl.scheduler.scheduler import check_reprefill_horizon
+from pivotrl.scheduler.scheduler import check_min_gain, check_reprefill_horizon
 
 __all__ = ["Role", "InferenceRole", "ROLES", "INFERENCE_ROLES", "DeviceInfo", "SequenceInfo",
            "ReplicaState", "RoleState", "WorkloadState"]
@@ -90,6 +90,8 @@ class RoleState:
     queue_key: QueueKey | None = None  # the role scheduler's queue order (None: ascending seq_id)
     # the role scheduler's re-prefill pricing of migrations (None: the paper's Alg. 4; ShiftAwareScheduler)
     reprefill_horizon_s: float | None = None
+    # the role scheduler's Dispatch floor (None: §6.1's arg-max ΔT, even negative; ShiftAwareScheduler.min_gain)
+    min_gain: float | None = None
 
     def __post_init__(self) -> None:
         if self.role not in INFERENCE_ROLES:
@@ -101,6 +103,7 @@ class RoleState:
         if isinstance(self.headroom_tokens, bool) or not isinstance(self.headroom_tokens, int) or self.headroom_tokens < 0:
             raise ValueError(f"RoleState({self.role}).headroom_tokens must be an integer >= 0, got {self.headroom_tokens!r}")
         check_reprefill_horizon(self.reprefill_horizon_s)
+        check_min_gain(self.min_gain)
         if self.queue_key is not None and not callable(self.queue_key):
             raise ValueError(f"RoleState({self.role}).queue_key must be None or a callable, got {self.queue_key!r}")
 

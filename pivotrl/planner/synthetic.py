@@ -126,11 +126,13 @@ def random_state(seed: int, *, max_nodes: int = 2, max_seqs: int = 12) -> Worklo
         d += width if role and usable else 1
     sched = random.Random(~seed)  # the schedulers' settings (drawn apart: the snapshot stays as it was)
     pricing = random.Random(seed ^ 0x5EED)  # re-prefill pricing, drawn apart too
+    floor = random.Random(seed ^ 0xF100)  # the Dispatch floor, drawn apart too
     roles = {r: RoleState(role=r, tp=tp[r], model=model[r], kv_capacity_tokens=cap[r],
                           waiting=seqs(rng.choice((0, 0, rng.randint(1, max_seqs)))),
                           tau_shift_s=rng.choice((0.0, 1.0, 10.0)),
                           headroom_tokens=sched.choice((0, 0, 16, 300)),
                           queue_key=sched.choice((None, None, longest_first, by_prompt_length)),
-                          reprefill_horizon_s=pricing.choice((None, None, 0.5, 60.0))) for r in tp}
+                          reprefill_horizon_s=pricing.choice((None, None, 0.5, 60.0)),
+                          min_gain=floor.choice((None, None, 0.0, 0.001, 0.05))) for r in tp}
     return WorkloadState(devices=devices, training_device_ids=training, training_active=training_active,
                          next_batch_ready=rng.random() < 0.2, replicas=tuple(replicas), roles=roles)

@@ -6,7 +6,11 @@ reduced to Abort + Dispatch (§6.2): shift down aborts every sequence of the lea
 shortest sequence of the highest-throughput replica while aggregate throughput improves (Alg. 4).
 With ``reprefill_horizon_s`` (beyond the paper) a migration must also pay for the re-prefill it costs:
 the rise of aggregate throughput held for that many seconds must exceed the tokens the destination
-loses while it re-prefills the sequence (``slots.migrate``).
+loses while it re-prefills the sequence (``slots.migrate``). With ``min_gain`` (beyond the paper) Dispatch, and a
+migration's choice of destination, admit a sequence only where it raises the replica's throughput by more than
+that fraction of the replica's throughput with it (``slots.admits``); §6.1 takes the arg-max ΔT even when it is
+negative, piling a long sequence on a replica past its roofline's knee where it slows every sequence there for no
+throughput. A sequence no replica admits waits in the queue (an empty replica admits any that fits).
 
 The scheduler is pure: it updates its own bookkeeping and returns the actions (``Dispatch``,
 ``Abort``) an executor must apply to real engines (or that the simulator applies to simulated
@@ -39,7 +43,7 @@ from pivotrl.scheduler.running import RunningSequences
 from pivotrl.scheduler.throughput import ThroughputModel
 
 __all__ = ["ShiftAwareScheduler", "Dispatch", "Abort", "Action", "ReplicaSpec", "MIGRATION_RTOL",
-           "check_reprefill_horizon", "migration_horizon"]
+           "check_reprefill_horizon", "migration_horizon", "check_min_gain", "dispatch_floor"]
 
 ReplicaId = Hashable
 MIGRATION_RTOL = 1e-12  # a migration must raise aggregate throughput by more than this fraction
@@ -102,13 +106,15 @@ class ShiftAwareScheduler:
     """Shared queue + throughput-model dispatch + shift-time migration for one role's replicas."""
 
     def __init__(self, *, queue_key: QueueKey | None = None, headroom_tokens: int = 0,
-                 reprefill_horizon_s: float | None = None) -> None:
+                 reprefill_horizon_s: float | None = None, min_gain: float | None = None) -> None:
         if isinstance(headroom_tokens, bool) or not isinstance(headroom_tokens, (int, np.integer)) \
                 or headroom_tokens < 0:
             raise ValueError(f"headroom_tokens must be an integer >= 0, got {headroom_tokens!r}")
         self.queue_key, self.headroom_tokens = queue_key, int(headroom_tokens)
         # None: Alg. 4 as the paper has it; else a migration must pay back its re-prefill within this many seconds
         self.reprefill_horizon_s = check_reprefill_horizon(reprefill_horizon_s)
+        # None: §6.1's Dispatch; else a sequence joins a replica only where ΔT > min_gain · T after it joins
+        self.min_gain = check_min_gain(min_gain)
         self.queue = WaitingQueue(queue_key)
         self._table = ReplicaTable(headroom_tokens)
         self._running = RunningSequences()
@@ -228,7 +234,8 @@ class ShiftAwareScheduler:
         heads = self.queue.head(limit)
         tokens = np.fromiter((s.prompt_tokens + s.generated_tokens for s in heads), np.float64, len(heads))
         placed = np.empty(len(heads), dtype=np.int64)
-        count = slots.dispatch(table.consts, table.state, table.headroom, allowed, tokens, placed)
+        count = slots.dispatch(table.consts, table.state, table.headroom, allowed, tokens, placed,
+                               dispatch_floor(self.min_gain))
         heads = self.queue.pop_head(count)
         placed = placed[:count]
         seq_ids = [s.seq_id for s in heads]
@@ -311,7 +318,8 @@ class ShiftAwareScheduler:
         owner = slot[order]
         moves = np.empty((len(rows) + 1, 3), dtype=np.int64)
         count = slots.migrate(table.consts, table.state, table.headroom, tokens[order].astype(np.float64), owner,
-                              MIGRATION_RTOL, moves, migration_horizon(self.reprefill_horizon_s))
+                              MIGRATION_RTOL, moves, migration_horizon(self.reprefill_horizon_s),
+                              dispatch_floor(self.min_gain))
         actions: list[Action] = []
         for rank, src, dst in moves[:count].tolist():
             row = int(rows[order[rank]])
@@ -372,7 +380,7 @@ class ShiftAwareScheduler:
         """An independent copy (the planner simulates candidate shifts on copies, §7.3)."""
         other = ShiftAwareScheduler.__new__(ShiftAwareScheduler)
         other.queue_key, other.headroom_tokens = self.queue_key, self.headroom_tokens
-        other.reprefill_horizon_s = self.reprefill_horizon_s
+        other.reprefill_horizon_s, other.min_gain = self.reprefill_horizon_s, self.min_gain
         other.queue = self.queue.copy()
         other._table = self._table.copy()
         other._running = self._running.copy()
@@ -409,6 +417,21 @@ def check_reprefill_horizon(value: float | None) -> float | None:
 def migration_horizon(reprefill_horizon_s: float | None) -> float:
     """The horizon ``slots.migrate`` takes: ``inf`` prices nothing."""
     return np.inf if reprefill_horizon_s is None else reprefill_horizon_s
+
+
+def check_min_gain(value: float | None) -> float | None:
+    """``min_gain`` validated: None (§6.1's Dispatch) or a finite fraction in [0, 1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not 0 <= value < 1:
+        raise ValueError(f"min_gain must be null (the paper's Dispatch, any ΔT) or a fraction >= 0 and < 1 of a "
+                         f"replica's throughput, got {value!r}")
+    return float(value)
+
+
+def dispatch_floor(min_gain: float | None) -> float:
+    """The floor ``slots.dispatch`` and ``slots.migrate`` take: ``-inf`` admits any ΔT."""
+    return -np.inf if min_gain is None else min_gain
 
 
 def _net(actions: list[Action]) -> list[Action]:

@@ -10,7 +10,10 @@ functions on them, so a replay reaches the scheduler's decisions bit for bit by 
   (KV room left after reserving ``headroom`` tokens per sequence, one more included).
 
 ΔT of adding a sequence of ``l`` tokens to a slot is ``n1 / (base + A·l) - T``; the dispatch formula
-``A·t + max(B, C·n) + D`` is written once, in ``slot_terms``. A slot without a replica has
+``A·t + max(B, C·n) + D`` is written once, in ``slot_terms``. A ``floor`` (beyond the paper; ``-inf``: §6.1 as
+written, which takes the arg-max ΔT even when it is negative) admits a sequence only where ``ΔT > floor · T'``,
+``T' = T + ΔT`` the slot's throughput with it: past the roofline's knee a sequence adds almost nothing to a
+slot's throughput and slows every sequence there, so it waits in the queue instead. A slot without a replica has
 ``free = -inf`` (nothing fits, it is never the source of a migration) and ``T = 0``.
 
 Ties: the lowest slot wins every arg-max (the scheduler gives slots in the order replicas joined).
@@ -26,7 +29,7 @@ from pivotrl._numba import njit
 
 __all__ = ["NUM_CONSTS", "NUM_TERMS", "A", "B", "C", "D", "CAP", "N", "T", "N1", "BASE", "TP", "FREE",
            "new_arrays", "slot_terms", "set_slot", "change_slot", "remove_slot", "dispatch",
-           "migrate", "prefill_s", "total_throughput", "warm_up"]
+           "migrate", "prefill_s", "total_throughput", "admits", "warm_up"]
 
 A, B, C, D, CAP = range(5)  # rows of ``consts``
 N, T, N1, BASE, TP, FREE = range(6)  # rows of ``state``
@@ -78,9 +81,17 @@ def remove_slot(state: np.ndarray, slot: int) -> None:
 
 
 @_inline
+def admits(gain: float, thr: float, floor: float) -> bool:
+    """Whether a slot of throughput ``thr`` takes a sequence that changes it by ``gain`` (ΔT) under ``floor``:
+    ``ΔT > floor · (T + ΔT)``; ``floor = -inf`` admits any ΔT (the paper's Dispatch)."""
+    return floor == -np.inf or gain > floor * (thr + gain)
+
+
+@_inline
 def _scan(a: np.ndarray, n1: np.ndarray, base: np.ndarray, thr: np.ndarray, free: np.ndarray, tokens: float,
-          gain: np.ndarray) -> int:
-    """The first arg-max ΔT slot with room for ``tokens``; -1: none. ``gain`` receives ΔT (-inf: full).
+          gain: np.ndarray, floor: float) -> int:
+    """The first arg-max ΔT slot with room for ``tokens`` that ``admits`` it; -1: none. ``gain`` receives ΔT (-inf:
+    full or not admitted).
 
     Over whole arrays (a known trip count lets the first loop vectorize; callers compact the slots
     they allow), and the arg-max as four interleaved running maxima without branches (where the best
@@ -88,7 +99,7 @@ def _scan(a: np.ndarray, n1: np.ndarray, base: np.ndarray, thr: np.ndarray, free
     """
     for s in range(a.shape[0]):
         g = n1[s] / (base[s] + a[s] * tokens) - thr[s]
-        gain[s] = g if free[s] >= tokens else -np.inf
+        gain[s] = g if free[s] >= tokens and admits(g, thr[s], floor) else -np.inf
     b0 = b1 = b2 = b3 = -np.inf
     i0 = i1 = i2 = i3 = -1
     s, hi = 0, a.shape[0]
@@ -131,9 +142,9 @@ def total_throughput(state: np.ndarray) -> float:
 
 @_jit
 def dispatch(consts: np.ndarray, state: np.ndarray, headroom: float, allowed: np.ndarray, tokens: np.ndarray,
-             out_slots: np.ndarray) -> int:
+             out_slots: np.ndarray, floor: float = -np.inf) -> int:
     """Alg. 2: queue entries ``tokens`` (queue order) to their arg-max ΔT slot among ``allowed`` slots
-    until one fits nowhere (ties: the lowest slot).
+    until one fits nowhere, or no slot with room admits it under ``floor`` (ties: the lowest slot).
 
     ``out_slots[i]`` receives the slot of entry i; returns how many entries were placed.
     """
@@ -142,7 +153,7 @@ def dispatch(consts: np.ndarray, state: np.ndarray, headroom: float, allowed: np
     thr, free = state[TP][idx], state[FREE][idx]
     gain = np.empty(idx.shape[0])
     for i in range(tokens.shape[0]):
-        j = _scan(a, n1, base, thr, free, tokens[i], gain)
+        j = _scan(a, n1, base, thr, free, tokens[i], gain, floor)
         if j < 0:
             return i
         slot = idx[j]
@@ -167,14 +178,15 @@ def _priced_scan(consts: np.ndarray, thr: np.ndarray, gain: np.ndarray, tokens: 
 
 @_jit
 def migrate(consts: np.ndarray, state: np.ndarray, headroom: float, tokens: np.ndarray, owner: np.ndarray,
-            rtol: float, out_moves: np.ndarray, horizon: float = np.inf) -> int:
+            rtol: float, out_moves: np.ndarray, horizon: float = np.inf, floor: float = -np.inf) -> int:
     """Alg. 4's loop: move the shortest sequence of the highest-T slot to the arg-max ΔT slot while
     Σ T rises by more than ``rtol`` of itself; at most ``len(out_moves)`` moves.
 
     ``horizon`` (seconds; ``inf``: the paper's loop) prices the re-prefill a move costs: the destination stalls its
     decode for ``prefill_s`` of the sequence, losing that many seconds of its throughput after the move. The
     destination is then the arg-max of ΔT less that loss spread over ``horizon``, and the move is made only while the
-    rise of Σ T, held for ``horizon``, pays more than the loss (beyond the paper).
+    rise of Σ T, held for ``horizon``, pays more than the loss (beyond the paper). A destination must admit the
+    sequence under ``floor`` as Dispatch's must.
 
     Sequences are ranks of one order, ``tokens`` ascending with seq_id breaking ties (the order of
     "shortest"); ``owner[r]`` is the slot running rank r (-1: none) and is updated by each move.
@@ -202,7 +214,7 @@ def migrate(consts: np.ndarray, state: np.ndarray, headroom: float, tokens: np.n
             return k  # the highest-T slot runs nothing
         before = thr[src]
         change_slot(consts, state, headroom, src, -1.0, -tokens[r])
-        dst = _scan(a, n1, base, thr, free, tokens[r], gain)
+        dst = _scan(a, n1, base, thr, free, tokens[r], gain, floor)
         if horizon < np.inf and dst >= 0:
             dst = _priced_scan(consts, thr, gain, tokens[r], horizon)
         if dst >= 0 and dst != src:
@@ -232,8 +244,8 @@ def warm_up() -> None:
     change_slot(consts, state, 0.0, 0, 1.0, 10.0)
     for horizon in (np.inf, 60.0):
         migrate(consts, state, 0.0, np.array([5.0, 7.0, 10.0]), np.array([0, 1, 0], np.int64), 1e-9,
-                np.empty((4, 3), np.int64), horizon)
+                np.empty((4, 3), np.int64), horizon, -np.inf)
     for c, st in ((consts, state), (np.asfortranarray(consts), np.asfortranarray(state))):
-        dispatch(c, st, 0.0, np.ones(2, dtype=bool), np.array([5.0, 7.0]), np.empty(2, np.int64))
+        dispatch(c, st, 0.0, np.ones(2, dtype=bool), np.array([5.0, 7.0]), np.empty(2, np.int64), -np.inf)
         total_throughput(st)
     remove_slot(state, 1)

@@ -18,10 +18,10 @@ def test_replay_matches_scheduler_copies(seed, role):
     sim = RoleSimulator(state.replicas_of(role), spec.waiting, new_model=spec.model,
                         new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=3,
                         headroom_tokens=spec.headroom_tokens, queue_key=spec.queue_key,
-                        reprefill_horizon_s=spec.reprefill_horizon_s)
+                        reprefill_horizon_s=spec.reprefill_horizon_s, min_gain=spec.min_gain)
     base = scheduler_from_state(state, role)
-    assert (base.headroom_tokens, base.queue_key, base.reprefill_horizon_s) == (
-        spec.headroom_tokens, spec.queue_key, spec.reprefill_horizon_s)
+    assert (base.headroom_tokens, base.queue_key, base.reprefill_horizon_s, base.min_gain) == (
+        spec.headroom_tokens, spec.queue_key, spec.reprefill_horizon_s, spec.min_gain)
     assert sim.throughput == base.aggregate_throughput()
     assert sim.num_seqs == state.num_seqs(role)
     ids = [r.replica_id for r in state.replicas_of(role)]

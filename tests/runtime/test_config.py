@@ -169,6 +169,8 @@ BAD = [
     (["deployment.rebalance=maybe"], "deployment.rebalance", "bool"),
     (["deployment.reprefill_horizon_s=-1"], "deployment.reprefill_horizon_s", "finite number of seconds > 0"),
     (["deployment.reprefill_horizon_s=soon"], "deployment.reprefill_horizon_s", "Float"),
+    (["deployment.min_gain=1"], "deployment.min_gain", "fraction >= 0 and < 1"),
+    (["deployment.min_gain=some"], "deployment.min_gain", "Float"),
     (["run=3"], "run", ""),
     (["run"], "run", "key=value"),
     (["run.name=${nowhere}"], "run.name", ""),

@@ -39,6 +39,6 @@ class PivotRLPlanner(FiveStepPlanner):
                                          new_kv_capacity_tokens=spec.kv_capacity_tokens, max_new=max_new[role],
                                          migrate=self.migration, restart_aborted=self.restart_aborted,
                                          headroom_tokens=spec.headroom_tokens, queue_key=spec.queue_key,
-                                         reprefill_horizon_s=spec.reprefill_horizon_s,
+                                         reprefill_horizon_s=spec.reprefill_horizon_s, min_gain=spec.min_gain,
                                          price_reprefill=self.config.price_reprefill)
         return models
