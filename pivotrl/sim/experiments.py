@@ -28,7 +28,7 @@ from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate, simulate_many
-from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, constants, scenario_for,
+from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, SCHEDULER_OPTIONS, alloc, base, best, best_with_config, constants, scenario_for,
                                 table)
 from pivotrl.sim.workload import Workload
 
@@ -62,21 +62,23 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
         tps = {k: r.tps for k, r in runs.items()}
         fluid = fluid_bound(sc, wl, **constants(args))
         bound = fluid.tps
-        # rebalancing (beyond the paper, any deployment): PivotRL tuned again with it, each static kind's best
-        # allocation run again with it
-        rebalanced = {"pivotrl": best(sc, base("pivotrl", **OPTIONS["pivotrl+rebalance"]), args, wl).tps}
-        for k in KINDS[:3]:
-            cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], rebalance=True), seed=args.seed,
-                            **constants(args))
-            rebalanced[k] = simulate(cfg, workload=wl).tps
-        # the other options beyond the paper (fig11's OPTIONS but rebalancing, above): PivotRL tuned again with each
+        # the scheduler options (beyond the paper, any deployment: rebalancing, the Dispatch floor): PivotRL tuned
+        # again with each, each static kind's best allocation run again with it
+        fair: dict[str, dict[str, float]] = {}
+        for key_name, option in SCHEDULER_OPTIONS.items():
+            fair[key_name] = {"pivotrl": best(sc, base("pivotrl", **OPTIONS[option]), args, wl).tps}
+            for k in KINDS[:3]:
+                cfg = SimConfig(scenario=sc, deployment=dataclasses.replace(tuned[k][0], **OPTIONS[option]),
+                                seed=args.seed, **constants(args))
+                fair[key_name][k] = simulate(cfg, workload=wl).tps
+        # the other options beyond the paper (fig11's OPTIONS but the scheduler options above): PivotRL tuned again
         options = {n: best(sc, base("pivotrl", **opt), args, wl).tps for n, opt in OPTIONS.items()
-                   if n != "pivotrl+rebalance"}
+                   if n not in SCHEDULER_OPTIONS.values()}
         work = fluid.work_s * sc.num_devices
         loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
                 for k, r in runs.items()}
         groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss,
-                       "rebalanced_tps": rebalanced, "options_tps": options})
+                       **{f"{n}_tps": t for n, t in fair.items()}, "options_tps": options})
         ref = paper.FIG9_TPS[key]
         static = max(tps[k] for k in KINDS[:3])
         rows.append([key, sc.num_devices] + [round(tps[k]) for k in KINDS + BEYOND] + [round(bound)]
@@ -86,12 +88,16 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
     table(["group", "N", "coloc", "disagg", "rr", "pivotrl", "critical", "fluid", "x coloc", "x disagg", "x rr",
             "paper x coloc", "paper x disagg", "paper x rr", "pivotrl/fluid", "critical x best", "critical/fluid",
             "disagg rr pivotrl critical"], rows)
-    print("\nwith rebalancing (deployment.rebalance: a replica that runs dry takes sequences from crowded ones; beyond "
-          "the paper): PivotRL tuned again, each static deployment at its best allocation above")
-    table(["group", "coloc", "disagg", "rr", "pivotrl", "pivotrl x best", "pivotrl/fluid"],
-           [[g["name"]] + [round(g["rebalanced_tps"][k]) for k in KINDS]
-            + [g["rebalanced_tps"]["pivotrl"] / max(g["rebalanced_tps"][k] for k in KINDS[:3]),
-               g["rebalanced_tps"]["pivotrl"] / g["fluid_bound"]] for g in groups])
+    for n, what in (("rebalanced", "rebalancing (deployment.rebalance: a replica that runs dry takes sequences from "
+                                   "crowded ones"),
+                    ("floored", f"the Dispatch floor (deployment.min_gain={OPTIONS['pivotrl+floor']['min_gain']:g}: "
+                                "a sequence waits rather than join a replica it adds too little to")):
+        print(f"\nwith {what}; beyond the paper): PivotRL tuned again, each static deployment at its best allocation "
+              "above")
+        table(["group", "coloc", "disagg", "rr", "pivotrl", "pivotrl x best", "pivotrl/fluid"],
+               [[g["name"]] + [round(g[f"{n}_tps"][k]) for k in KINDS]
+                + [g[f"{n}_tps"]["pivotrl"] / max(g[f"{n}_tps"][k] for k in KINDS[:3]),
+                   g[f"{n}_tps"]["pivotrl"] / g["fluid_bound"]] for g in groups])
     print("\nPivotRL with each other option beyond the paper (fig11's OPTIONS), tuned again; x best: over the best "
           "baseline above")
     table(["group", "pivotrl"] + [f"{n} {c}" for n in groups[0]["options_tps"] for c in ("tok/s", "x best", "/fluid")],

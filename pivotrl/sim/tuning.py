@@ -16,7 +16,7 @@ from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import allocations, simulate_many
 from pivotrl.sim.workload import Workload
 
-__all__ = ["KINDS", "BEYOND", "OPTIONS", "scenario_for", "base", "best", "best_with_config", "constants", "table",
+__all__ = ["KINDS", "BEYOND", "OPTIONS", "SCHEDULER_OPTIONS", "scenario_for", "base", "best", "best_with_config", "constants", "table",
            "alloc", "tps_text"]
 
 KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
@@ -25,7 +25,11 @@ OPTIONS: dict[str, dict[str, Any]] = {  # fig11's options beyond the paper, each
     "pivotrl+rebalance": {"rebalance": True},
     "pivotrl+reprefill": {"reprefill_horizon_s": 240.0},  # Alg. 4 pays for re-prefill within 240 s
     "pivotrl+priced": {"strategy_cfg": {"price_reprefill": True}},  # the benefit charges re-prefill beside φ
+    "pivotrl+floor": {"min_gain": 0.001},  # Dispatch admits a sequence only where it adds 0.1 % of a replica's T
 }
+# the options that are scheduler settings of any deployment: fig9 also runs each static deployment's best allocation
+# with them, so PivotRL with one is compared with baselines that have it too
+SCHEDULER_OPTIONS = {"rebalanced": "pivotrl+rebalance", "floored": "pivotrl+floor"}
 
 
 def scenario_for(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:

@@ -18,6 +18,9 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
     assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced"}  # PivotRL tuned with each option
+    for n in ("rebalanced_tps", "floored_tps"):  # the scheduler options: PivotRL and every baseline with each
+        assert set(group[n]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl"}
+        assert all(0 < tps <= group["fluid_bound"] for tps in group[n].values())
     assert all(0 < tps <= group["fluid_bound"] for tps in group["options_tps"].values())
     assert (tmp_path / "fig9.png").stat().st_size > 0
     (calibrated,) = last["calibrated"]["groups"]  # the calibrated scenario set, with the same fields
