@@ -1,6 +1,6 @@
 """Control experiments on the simulator: the strategies and components of Fig. 11 with the options beyond the paper,
-the horizon H of Fig. 14, and the re-prefill pricing sweep (``python -m pivotrl.sim.experiments fig11 | fig14 |
-reprefill``)."""
+the horizon H of Fig. 14, the re-prefill pricing sweep and the Dispatch floor sweep (``python -m
+pivotrl.sim.experiments fig11 | fig14 | reprefill | floor``)."""
 from __future__ import annotations
 
 import argparse
@@ -11,11 +11,11 @@ from pivotrl.sim import paper, plots
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, SimConfig
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate_many
-from pivotrl.sim.tuning import (BEYOND, OPTIONS, alloc, base, best, best_with_config, scenario_for, table,
-                                tps_text)
+from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, constants,
+                                scenario_for, table, tps_text)
 from pivotrl.sim.workload import Workload
 
-__all__ = ["fig11", "fig14", "reprefill", "REPREFILL_HORIZONS_S"]
+__all__ = ["fig11", "fig14", "reprefill", "floor", "REPREFILL_HORIZONS_S", "FLOORS"]
 
 
 def fig11(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,3 +124,54 @@ def reprefill(args: argparse.Namespace) -> dict[str, Any]:
                            for i, lab in enumerate(labels)}, args.out / "reprefill.png", "tok/s / paper-faithful",
                "PivotRL with re-prefill priced, by horizon (simulated)")
     return {"groups": out}
+
+
+FLOORS = (0.0, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+
+
+def floor(args: argparse.Namespace) -> dict[str, Any]:
+    """The Dispatch floor (``deployment.min_gain``, beyond the paper), by value, on the documented scenario set and
+    (unless ``--no-calibrated``) the calibrated one: PivotRL at its tuned training set and the best baseline at its
+    best allocation, each run with every floor, beside §6.1's Dispatch (no floor), with where the device time went."""
+    from pivotrl.sim.calibrate import CALIBRATED
+
+    out: dict[str, Any] = {"documented": _floor_set(args)}
+    if not args.no_calibrated:
+        args.calibration = CALIBRATED
+        try:
+            out["calibrated"] = _floor_set(args)
+        finally:
+            args.calibration = None
+    return out
+
+
+def _floor_set(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    rows = []
+    label = "calibrated" if getattr(args, "calibration", None) is not None else "documented"
+    for key in args.groups or list(SCENARIOS):
+        sc = scenario_for(key, args)
+        wl = Workload.sample(sc.workload, args.seed)
+        tuned = {k: best_with_config(sc, base(k), args, wl) for k in KINDS}
+        baseline = max(KINDS[:3], key=lambda k: tuned[k][1].tps)
+        out[key] = {}
+        for kind in ("pivotrl", baseline):
+            dep, plain = tuned[kind]
+            deps = [dataclasses.replace(dep, min_gain=f) for f in FLOORS]
+            res = [plain] + simulate_many([SimConfig(scenario=sc, deployment=d, seed=args.seed, **constants(args))
+                                           for d in deps], wl, args.jobs)
+            out[key][kind] = []
+            for f, r in zip((None, *FLOORS), res):
+                row = {"min_gain": f, "tps": r.tps if r else None, **_device_shares(r)}
+                out[key][kind].append(row)
+                rows.append([key, kind, alloc(plain), "none" if f is None else f"{f:g}", tps_text(row["tps"]),
+                             (r.tps / plain.tps) if r else "-", (r.tps / tuned[baseline][1].tps) if r else "-",
+                             row["reprefill_pct"], row["idle_held_pct"]])
+    print(f"\n{label} scenarios")
+    table(["group", "deployment", "allocation", "min_gain", "tok/s", "x no floor", "x best baseline", "re-prefill %",
+           "idle+held %"], rows)
+    labels = ["none", *(f"{f:g}" for f in FLOORS)]
+    plots.bars(list(out), {lab: [(g["pivotrl"][i]["tps"] or 0.0) / g["pivotrl"][0]["tps"] for g in out.values()]
+                           for i, lab in enumerate(labels)}, args.out / f"floor-{label}.png", "tok/s / no floor",
+               f"PivotRL with the Dispatch floor, by min_gain (simulated, {label})")
+    return out

@@ -40,3 +40,17 @@ def test_reprefill_sweeps_every_horizon_beside_the_paper_faithful_run(tmp_path: 
         (h, p) for p in (False, True) for h in REPREFILL_HORIZONS_S]
     assert all(r["tps"] > 0 and 0 <= r["reprefill_pct"] <= 100 for r in rows)
     assert (tmp_path / "reprefill.png").stat().st_size > 0
+
+
+def test_floor_sweeps_every_value_for_pivotrl_and_the_best_baseline(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from pivotrl.sim.ablations import FLOORS
+
+    main(["floor", "--quick", "--groups", "7B+30B", "--no-calibrated", "--json", "--out", str(tmp_path)])
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    runs = data["documented"]["7B+30B"]
+    assert "pivotrl" in runs and len(runs) == 2  # PivotRL and the best of the three baselines
+    for rows in runs.values():
+        assert [r["min_gain"] for r in rows] == [None, *FLOORS]
+        assert all(r["tps"] > 0 and 0 <= r["idle_held_pct"] <= 100 for r in rows)
+    assert (tmp_path / "floor-documented.png").stat().st_size > 0
