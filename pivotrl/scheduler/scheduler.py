@@ -296,7 +296,7 @@ class ShiftAwareScheduler:
         actions = self.dispatch(ids)
         actions += self.dispatch()  # sequences the new replicas could not take may fit elsewhere
         if len(self.queue) or not migrate:
-            return actions  # capacity is exhausted: migration would only reshuffle a full role
+            return actions  # capacity is exhausted (or no replica admits the head): migration would only reshuffle
         return _net(actions + self._migrate())
 
     @_collector_paused
