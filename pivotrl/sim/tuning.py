@@ -83,8 +83,11 @@ def table(header: list[str], rows: list[list[Any]]) -> None:
 
 
 def alloc(res: SimResult) -> str:
-    """Compact allocation: RO/RM/TR (disaggregated), shared+TR (rr_colocated), TR (shiftable)."""
+    """Compact allocation: RO/RM/TR (disaggregated), shared+TR (rr_colocated), TR (shiftable), "all" (colocated: every
+    device takes every role in turn)."""
     e = res.extra
+    if "training" not in e:
+        return "all"
     if "reward" in e:
         return f"{e['rollout']}/{e['reward']}/{e['training']}"
     return f"{e['shared']}+{e['training']}" if "shared" in e else f"TR={e['training']}"

@@ -54,3 +54,17 @@ def test_floor_sweeps_every_value_for_pivotrl_and_the_best_baseline(tmp_path: Pa
         assert [r["min_gain"] for r in rows] == [None, *FLOORS]
         assert all(r["tps"] > 0 and 0 <= r["idle_held_pct"] <= 100 for r in rows)
     assert (tmp_path / "floor-documented.png").stat().st_size > 0
+
+
+def test_alloc_names_every_deployment_kind() -> None:
+    from pivotrl.sim.results import SimResult
+    from pivotrl.sim.tuning import alloc
+
+    def res(**extra: int) -> SimResult:
+        return SimResult(deployment="x", scenario="x", num_devices=8, num_steps=1, makespan_s=1.0, generated_tokens=1,
+                         step_end_s=(1.0,), num_shifts=0, num_events=0, extra=extra)
+
+    assert alloc(res(devices=8)) == "all"  # colocated: every device takes every role in turn
+    assert alloc(res(rollout=2, reward=2, training=4)) == "2/2/4"
+    assert alloc(res(shared=4, training=4)) == "4+4"
+    assert alloc(res(training=8)) == "TR=8"
