@@ -171,7 +171,8 @@ def _floor_set(args: argparse.Namespace) -> dict[str, Any]:
     table(["group", "deployment", "allocation", "min_gain", "tok/s", "x no floor", "x best baseline", "re-prefill %",
            "idle+held %"], rows)
     labels = ["none", *(f"{f:g}" for f in FLOORS)]
+    png = "floor.png" if label == "documented" else "floor-calibrated.png"
     plots.bars(list(out), {lab: [(g["pivotrl"][i]["tps"] or 0.0) / g["pivotrl"][0]["tps"] for g in out.values()]
-                           for i, lab in enumerate(labels)}, args.out / f"floor-{label}.png", "tok/s / no floor",
+                           for i, lab in enumerate(labels)}, args.out / png, "tok/s / no floor",
                f"PivotRL with the Dispatch floor, by min_gain (simulated, {label})")
     return out

@@ -7,7 +7,8 @@ throughput timeline of one run; ``fig11`` strategies and components; ``fig14`` t
 ``tab2`` planner time per decision at 16-128 devices; ``tab3`` per-sequence migration time; ``fidelity`` the
 simulator held to real runs of the pipeline; ``calibrate`` the calibrated scenario set (``pivotrl.sim.calibrate``);
 ``reprefill`` PivotRL with re-prefill priced, by horizon, ``floor`` PivotRL and the best baseline with the Dispatch
-floor, by value (both beyond the paper). fig11, fig14, reprefill and floor live in ``ablations``, fidelity and calibrate in ``evidence``, the deployments and their tuning in ``tuning``.
+floor, by value (both beyond the paper). fig11, fig14, reprefill and floor live in ``ablations``, fidelity and
+calibrate in ``evidence``, the deployments and their tuning in ``tuning``.
 Each prints a table, saves a PNG under ``--out`` (default ./runs/sim/) and with ``--json`` prints
 one JSON object as its last line. ``--quick`` shrinks every run (2 steps, 4 sequences per device,
 a coarser grid) for smoke tests and notebooks; the default workload is the documented one.
@@ -28,8 +29,8 @@ from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate, simulate_many
-from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, SCHEDULER_OPTIONS, alloc, base, best, best_with_config, constants, scenario_for,
-                                table)
+from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, SCHEDULER_OPTIONS, alloc, base, best, best_with_config,
+                                constants, scenario_for, table)
 from pivotrl.sim.workload import Workload
 
 __all__ = ["main", "EXPERIMENTS"]
@@ -209,8 +210,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the scenario's, 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for independent runs")
-    parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS), help="fig9, reprefill, floor: model groups to "
-                        "run")
+    parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS),
+                        help="fig9, reprefill, floor: model groups to run")
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
     parser.add_argument("--no-calibrated", action="store_true", help="fig9, floor: the documented scenarios "
                         "only")

@@ -16,8 +16,8 @@ from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import allocations, simulate_many
 from pivotrl.sim.workload import Workload
 
-__all__ = ["KINDS", "BEYOND", "OPTIONS", "SCHEDULER_OPTIONS", "scenario_for", "base", "best", "best_with_config", "constants", "table",
-           "alloc", "tps_text"]
+__all__ = ["KINDS", "BEYOND", "OPTIONS", "SCHEDULER_OPTIONS", "scenario_for", "base", "best", "best_with_config",
+           "constants", "table", "alloc", "tps_text"]
 
 KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
 BEYOND = ("critical",)  # strategies beyond the paper, run beside ``pivotrl`` (pivotrl/planner/strategies)

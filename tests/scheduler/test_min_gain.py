@@ -37,9 +37,10 @@ def _gains(specs, n, t, tokens, min_gain, headroom):  # type: ignore[no-untyped-
 @given(replica_specs, seqs, floors, st.sampled_from([0, 16]))
 def test_dispatch_places_each_sequence_where_the_brute_force_floor_allows(specs, sequences, min_gain,
                                                                            headroom) -> None:
-    """Checked entry by entry against brute force from the throughput models: each placed sequence went to a replica
-    with KV room that admits it (ΔT > min_gain · T after) and whose ΔT is the largest of those (to round-off); Dispatch
-    stopped at the first entry no replica admits, and nothing was lost (the rest waits in the queue)."""
+    """Checked entry by entry against brute force from the throughput models: each placed sequence went to a
+    replica with KV room that admits it (ΔT > min_gain · T after) and whose ΔT is the largest of those (to
+    round-off); Dispatch stopped at the first entry no replica admits, and nothing was lost (the rest waits in the
+    queue)."""
     s = _scheduler(specs, min_gain, headroom)
     for sid, (prompt, gen) in enumerate(sequences):
         s.submit(sid, prompt, gen)

@@ -53,7 +53,7 @@ def test_floor_sweeps_every_value_for_pivotrl_and_the_best_baseline(tmp_path: Pa
     for rows in runs.values():
         assert [r["min_gain"] for r in rows] == [None, *FLOORS]
         assert all(r["tps"] > 0 and 0 <= r["idle_held_pct"] <= 100 for r in rows)
-    assert (tmp_path / "floor-documented.png").stat().st_size > 0
+    assert (tmp_path / "floor.png").stat().st_size > 0
 
 
 def test_alloc_names_every_deployment_kind() -> None:
