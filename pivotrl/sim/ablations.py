@@ -11,8 +11,8 @@ from pivotrl.sim import paper, plots
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, SimConfig
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate_many
-from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, constants,
-                                scenario_for, table, tps_text)
+from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, calibrated_set,
+                                constants, scenario_for, table, tps_text)
 from pivotrl.sim.workload import Workload
 
 __all__ = ["fig11", "fig14", "reprefill", "floor", "REPREFILL_HORIZONS_S", "FLOORS"]
@@ -133,22 +133,16 @@ def floor(args: argparse.Namespace) -> dict[str, Any]:
     """The Dispatch floor (``deployment.min_gain``, beyond the paper), by value, on the documented scenario set and
     (unless ``--no-calibrated``) the calibrated one: PivotRL at its tuned training set and the best baseline at its
     best allocation, each run with every floor, beside §6.1's Dispatch (no floor), with where the device time went."""
-    from pivotrl.sim.calibrate import CALIBRATED
-
-    out: dict[str, Any] = {"documented": _floor_set(args)}
+    out: dict[str, Any] = {"documented": _floor_set(args, "documented")}
     if not args.no_calibrated:
-        args.calibration = CALIBRATED
-        try:
-            out["calibrated"] = _floor_set(args)
-        finally:
-            args.calibration = None
+        with calibrated_set(args):
+            out["calibrated"] = _floor_set(args, "calibrated")
     return out
 
 
-def _floor_set(args: argparse.Namespace) -> dict[str, Any]:
+def _floor_set(args: argparse.Namespace, label: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rows = []
-    label = "calibrated" if getattr(args, "calibration", None) is not None else "documented"
     for key in args.groups or list(SCENARIOS):
         sc = scenario_for(key, args)
         wl = Workload.sample(sc.workload, args.seed)

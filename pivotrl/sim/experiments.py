@@ -30,7 +30,7 @@ from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate, simulate_many
 from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, SCHEDULER_OPTIONS, alloc, base, best, best_with_config,
-                                constants, scenario_for, table)
+                                calibrated_set, constants, scenario_for, table)
 from pivotrl.sim.workload import Workload
 
 __all__ = ["main", "EXPERIMENTS"]
@@ -39,17 +39,12 @@ __all__ = ["main", "EXPERIMENTS"]
 def fig9(args: argparse.Namespace) -> dict[str, Any]:
     """The documented scenarios, then (unless ``--no-calibrated``) the calibrated set (``pivotrl.sim.calibrate``:
     constants fitted to the paper's baseline bars) under ``"calibrated"`` with the same fields."""
-    from pivotrl.sim.calibrate import CALIBRATED
-
     data = _fig9(args, "documented scenarios", "fig9.png")
     if not args.no_calibrated:
-        print("\n=== calibrated scenarios: " + ", ".join(f"{k} {v:g}" for k, v in CALIBRATED.as_dict().items())
-              + " (python -m pivotrl.sim.experiments calibrate)")
-        args.calibration = CALIBRATED
-        try:
+        with calibrated_set(args) as cal:
+            print("\n=== calibrated scenarios: " + ", ".join(f"{k} {v:g}" for k, v in cal.as_dict().items())
+                  + " (python -m pivotrl.sim.experiments calibrate)")
             data["calibrated"] = _fig9(args, "calibrated scenarios", "fig9-calibrated.png")
-        finally:
-            args.calibration = None
     return data
 
 

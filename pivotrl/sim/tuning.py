@@ -8,16 +8,19 @@ lengths) to a group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
+from pivotrl.sim.calibrate import CALIBRATED, Calibration
 from pivotrl.sim.config import DeploymentConfig, Scenario, SimConfig, scenario
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import allocations, simulate_many
 from pivotrl.sim.workload import Workload
 
 __all__ = ["KINDS", "BEYOND", "OPTIONS", "SCHEDULER_OPTIONS", "scenario_for", "base", "best", "best_with_config",
-           "constants", "table", "alloc", "tps_text"]
+           "constants", "calibrated_set", "table", "alloc", "tps_text"]
 
 KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
 BEYOND = ("critical",)  # strategies beyond the paper, run beside ``pivotrl`` (pivotrl/planner/strategies)
@@ -65,6 +68,17 @@ def best_with_config(sc: Scenario, dep: DeploymentConfig, args: argparse.Namespa
         print(f"note: {sc.name}: {len(stalled)} {dep.name} allocation(s) stalled (deadlock), skipped: "
               + ", ".join(f"TR={d.training_devices}" if d.kind == "shiftable" else repr(d) for d in stalled))
     return max(((d, r) for d, r in zip(deps, results) if r is not None), key=lambda dr: dr[1].tps)
+
+
+@contextlib.contextmanager
+def calibrated_set(args: argparse.Namespace) -> Iterator[Calibration]:
+    """Run the experiments inside on the calibrated scenario set (``pivotrl.sim.calibrate.CALIBRATED``), then the
+    documented one again."""
+    args.calibration = CALIBRATED
+    try:
+        yield CALIBRATED
+    finally:
+        args.calibration = None
 
 
 def constants(args: argparse.Namespace) -> dict[str, Any]:
