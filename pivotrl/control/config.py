@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 from pivotrl.scheduler.scheduler import check_min_gain, check_reprefill_horizon
 
-__all__ = ["DeploymentConfig", "DeploymentKind", "DEPLOYMENT_KINDS", "STRATEGIES"]
+__all__ = ["DeploymentConfig", "DeploymentKind", "DEPLOYMENT_KINDS", "MIGRATIONS", "STRATEGIES"]
 
 DeploymentKind = Literal["colocated", "disaggregated", "rr_colocated", "shiftable"]
 DEPLOYMENT_KINDS: tuple[str, ...] = ("colocated", "disaggregated", "rr_colocated", "shiftable")
+MIGRATIONS: tuple[str, ...] = ("recompute", "kv_transfer")  # how a migrated sequence resumes (DeploymentConfig)
 STRATEGIES: tuple[str, ...] = ("pivotrl", "static", "rule", "vanilla", "model", "chaos", "critical")
 
 
@@ -55,6 +56,11 @@ class DeploymentConfig:
     # the queue (pivotrl.scheduler.slots.admits; beyond the paper; any deployment); null: §6.1, the arg-max ΔT even
     # when negative
     min_gain: float | None = None
+    # how a migrated sequence resumes on its destination: "recompute" (§6.2: the destination re-prefills the prompt
+    # and the tokens generated so far) or "kv_transfer" (the source saves the sequence's KV cache to host memory when
+    # it is aborted and the destination loads it; beyond the paper; the simulator models it, the runtime's engines
+    # recompute and refuse it)
+    migration: str = "recompute"
 
     def __post_init__(self) -> None:
         if self.kind not in DEPLOYMENT_KINDS:
@@ -75,6 +81,9 @@ class DeploymentConfig:
             check_min_gain(self.min_gain)
         except ValueError as err:
             raise ValueError(f"deployment.{err}") from None
+        if self.migration not in MIGRATIONS:
+            raise ValueError(f"deployment.migration must be one of {', '.join(MIGRATIONS)} (recompute: the paper's "
+                             f"re-prefill), got {self.migration!r}")
         if not isinstance(self.rebalance, bool):
             raise ValueError(f"deployment.rebalance must be true or false, got {self.rebalance!r}")
         if not 0 < self.tick_s <= self.max_tick_s:

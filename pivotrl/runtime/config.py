@@ -499,6 +499,10 @@ def _check_deployment(cfg: PipelineConfig) -> None:
         raise ConfigError(f"{message} (cluster: {n} devices = cluster.num_nodes {cfg.cluster.num_nodes} x "
                           f"cluster.devices_per_node {cfg.cluster.devices_per_node}; models.policy_tp "
                           f"{cfg.models.policy_tp}, models.genrm_tp {cfg.models.genrm_tp})") from None
+    if dep.migration != "recompute":
+        raise ConfigError(f"deployment.migration: {dep.migration!r} is modelled by the simulator only (python -m "
+                          f"pivotrl.sim.experiments migration); the runtime's vLLM engines re-prefill a migrated "
+                          f"sequence: allowed here: 'recompute'")
     if dep.kind == "shiftable":
         from pivotrl.planner import STRATEGIES, make_strategy  # the planner registry (pure)
 

@@ -1,6 +1,6 @@
 """Control experiments on the simulator: the strategies and components of Fig. 11 with the options beyond the paper,
-the horizon H of Fig. 14, the re-prefill pricing sweep and the Dispatch floor sweep (``python -m
-pivotrl.sim.experiments fig11 | fig14 | reprefill | floor``)."""
+the horizon H of Fig. 14, the re-prefill pricing sweep, the Dispatch floor sweep and KV-moving migration (``python
+-m pivotrl.sim.experiments fig11 | fig14 | reprefill | floor | migration``)."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +9,14 @@ from typing import Any
 
 from pivotrl.sim import paper, plots
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, SimConfig
+from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate_many
 from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, calibrated_set,
                                 constants, scenario_for, table, tps_text)
 from pivotrl.sim.workload import Workload
 
-__all__ = ["fig11", "fig14", "reprefill", "floor", "REPREFILL_HORIZONS_S", "FLOORS"]
+__all__ = ["fig11", "fig14", "reprefill", "floor", "migration", "REPREFILL_HORIZONS_S", "FLOORS", "MIGRATION_VARIANTS"]
 
 
 def fig11(args: argparse.Namespace) -> dict[str, Any]:
@@ -169,4 +170,52 @@ def _floor_set(args: argparse.Namespace, label: str) -> dict[str, Any]:
     plots.bars(list(out), {lab: [(g["pivotrl"][i]["tps"] or 0.0) / g["pivotrl"][0]["tps"] for g in out.values()]
                            for i, lab in enumerate(labels)}, args.out / png, "tok/s / no floor",
                f"PivotRL with the Dispatch floor, by min_gain (simulated, {label})")
+    return out
+
+
+MIGRATION_VARIANTS: dict[str, dict[str, Any]] = {  # PivotRL as the paper runs it, and with KV-moving migration
+    "pivotrl": {},
+    "pivotrl+kv": OPTIONS["pivotrl+kv"],
+    "pivotrl+kv+floor": {**OPTIONS["pivotrl+kv"], **OPTIONS["pivotrl+floor"]},
+}
+
+
+def migration(args: argparse.Namespace) -> dict[str, Any]:
+    """KV-moving migration (``deployment.migration = "kv_transfer"``, beyond the paper, simulated only) on the
+    documented scenario set and (unless ``--no-calibrated``) the calibrated one: PivotRL tuned over its training sets
+    as the paper runs it (a migrated sequence re-prefills), with the KV moved through host memory, and with the
+    Dispatch floor too, beside the best baseline and the fluid bound."""
+    out: dict[str, Any] = {"documented": _migration_set(args, "documented")}
+    if not args.no_calibrated:
+        with calibrated_set(args):
+            out["calibrated"] = _migration_set(args, "calibrated")
+    return out
+
+
+def _migration_set(args: argparse.Namespace, label: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    rows = []
+    for key in args.groups or list(SCENARIOS):
+        sc = scenario_for(key, args)
+        wl = Workload.sample(sc.workload, args.seed)
+        bound = fluid_bound(sc, wl, **constants(args)).tps
+        baselines = {k: best(sc, base(k), args, wl) for k in KINDS[:3]}
+        baseline = max(baselines, key=lambda k: baselines[k].tps)
+        group: dict[str, Any] = {"fluid_bound": bound, "best_baseline": baseline,
+                                 "best_baseline_tps": baselines[baseline].tps, "pivotrl": {}}
+        for name, opt in MIGRATION_VARIANTS.items():
+            dep, r = best_with_config(sc, base("pivotrl", **opt), args, wl)
+            row = {"training_devices": dep.training_devices, "tps": r.tps, "x_best_baseline":
+                   r.tps / baselines[baseline].tps, "of_bound": r.tps / bound, **_device_shares(r),
+                   "kv_saved": r.extra.get("kv_saved", 0), "kv_refused": r.extra.get("kv_refused", 0)}
+            group["pivotrl"][name] = row
+            rows.append([key, name, alloc(r), tps_text(r.tps), row["x_best_baseline"], row["of_bound"],
+                         row["reprefill_pct"], row["idle_held_pct"], row["kv_refused"]])
+        out[key] = group
+    print(f"\n{label} scenarios (best baseline and fluid bound: `fig9`)")
+    table(["group", "PivotRL", "allocation", "tok/s", "x best baseline", "of fluid bound", "re-prefill / KV load %",
+           "idle+held %", "KV not stored"], rows)
+    png = "migration.png" if label == "documented" else "migration-calibrated.png"
+    plots.bars(list(out), {name: [g["pivotrl"][name]["of_bound"] for g in out.values()] for name in MIGRATION_VARIANTS},
+               args.out / png, "tok/s / fluid bound", f"PivotRL with KV-moving migration (simulated, {label})")
     return out

@@ -37,13 +37,18 @@ class CostConfig:
     weight_bytes_per_param: float = 2.0  # bf16
     training_mfu: float = 0.4  # model FLOPs utilization of the policy update
     flops_per_token_param: float = 6.0  # forward + backward of one token through one parameter
+    # host memory of a node set aside for the KV caches of aborted sequences (deployment.migration = "kv_transfer"):
+    # an 8-GPU server's 2 TB of DRAM less GPS's replicated weights (<= 0.4 TB for the largest group) and training's
+    # offloaded optimizer shards; a sequence whose KV does not fit is re-prefilled instead
+    kv_host_bytes_per_node: float = 512e9
 
     def __post_init__(self) -> None:
         for name in ("pcie_efficiency", "rdma_efficiency", "training_mfu"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"CostConfig.{name} must be in (0, 1], got {getattr(self, name)!r}")
         for name in ("engine_start_s", "engine_stop_s", "train_start_s", "train_stop_s",
-                     "optimizer_bytes_per_param", "weight_bytes_per_param", "flops_per_token_param"):
+                     "optimizer_bytes_per_param", "weight_bytes_per_param", "flops_per_token_param",
+                     "kv_host_bytes_per_node"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"CostConfig.{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -72,6 +77,17 @@ class CostModel:
 
     def inference_down_s(self) -> float:
         return self.cfg.engine_stop_s
+
+    def kv_save_s_per_token(self, model: ModelSpec, tp: int) -> float:
+        """Seconds per token to copy a sequence's KV cache from each of its ``tp`` devices to host memory (the
+        devices copy their shards in parallel)."""
+        return self._pcie_s(model.kv_bytes_per_token(tp))
+
+    def kv_load_s_per_token(self, model: ModelSpec, tp: int) -> float:
+        """Seconds per token for a destination replica to get a saved KV cache: the save, the fabric (taken as
+        another node's, the slower case) and the copy onto its devices, one after the other (no overlap counted)."""
+        fabric = model.kv_bytes_per_token(tp) / (self.device.rdma_bytes_per_s * self.cfg.rdma_efficiency)
+        return 2.0 * self.kv_save_s_per_token(model, tp) + fabric
 
     def optimizer_s(self, model: ModelSpec, num_devices: int) -> float:
         """Move the (sharded) optimizer states between DRAM and the devices."""

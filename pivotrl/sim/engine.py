@@ -32,7 +32,7 @@ from pivotrl.planner.state import DeviceInfo, InferenceRole
 from pivotrl.sim.config import SimConfig
 from pivotrl.sim.hardware import CatalogHardware, SimHardware
 from pivotrl.sim.results import SimResult, TimelinePoint
-from pivotrl.sim.roles import SimRole, SimSlot
+from pivotrl.sim.roles import HostKV, SimRole, SimSlot
 from pivotrl.sim.workload import Workload
 
 __all__ = ["Simulator", "SimulationStalled"]
@@ -76,11 +76,22 @@ class Simulator:
         sigma = self.hw.noise_sigma
         self.roles: dict[str, SimRole] = {}
         wl = self.workload
+        # deployment.migration = "kv_transfer": aborted sequences' KV caches wait in host memory (beyond the paper)
+        kv_moves = cfg.deployment.migration == "kv_transfer"
+        self.host_kv = HostKV(self.hw.kv_host_bytes(sc.num_devices)) if kv_moves else None
         for role, tp, lengths in (("rollout", sc.policy_tp, wl.rollout), ("reward", sc.reward_tp, wl.judge)):
             truth, belief = self.hw.engine(role, tp, rng)
             seed = int(rng.integers(2**63))
+            kv = None
+            if self.host_kv is not None:
+                cost = self.hw.kv_transfer(role, tp)
+                if cost is None:
+                    raise ValueError("deployment.migration: 'kv_transfer' needs a cluster whose KV transfer costs are "
+                                     "known (a catalogued device); this one (measured from a run whose engines "
+                                     "re-prefill) allows only 'recompute'")
+                kv = (cost, self.host_kv)
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
-                                       schedule=self.schedule, on_finished=self._finished, events=self.events)
+                                       schedule=self.schedule, on_finished=self._finished, events=self.events, kv=kv)
         self.deployment = deployment
         self.plane = ControlPlane(backend=self, clock=self, deployment=deployment, num_steps=wl.num_steps,
                                   seqs_per_step=wl.seqs_per_step, events=self.events)

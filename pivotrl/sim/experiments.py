@@ -7,7 +7,8 @@ throughput timeline of one run; ``fig11`` strategies and components; ``fig14`` t
 ``tab2`` planner time per decision at 16-128 devices; ``tab3`` per-sequence migration time; ``fidelity`` the
 simulator held to real runs of the pipeline; ``calibrate`` the calibrated scenario set (``pivotrl.sim.calibrate``);
 ``reprefill`` PivotRL with re-prefill priced, by horizon, ``floor`` PivotRL and the best baseline with the Dispatch
-floor, by value (both beyond the paper). fig11, fig14, reprefill and floor live in ``ablations``, fidelity and
+floor, by value, ``migration`` PivotRL with a migrated sequence's KV moved instead of re-prefilled (all three beyond
+the paper). fig11, fig14, reprefill, floor and migration live in ``ablations``, fidelity and
 calibrate in ``evidence``, the deployments and their tuning in ``tuning``.
 Each prints a table, saves a PNG under ``--out`` (default ./runs/sim/) and with ``--json`` prints
 one JSON object as its last line. ``--quick`` shrinks every run (2 steps, 4 sequences per device,
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pivotrl.sim import paper, plots
-from pivotrl.sim.ablations import fig11, fig14, floor, reprefill
+from pivotrl.sim.ablations import fig11, fig14, floor, migration, reprefill
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig
 from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
@@ -193,7 +194,7 @@ def tab3(args: argparse.Namespace) -> dict[str, Any]:
 
 EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "fig9": fig9, "fig10": fig10, "fig11": fig11, "fig14": fig14, "tab2": tab2, "tab3": tab3, "fidelity": fidelity,
-    "calibrate": calibrate, "reprefill": reprefill, "floor": floor,
+    "calibrate": calibrate, "reprefill": reprefill, "floor": floor, "migration": migration,
 }
 
 
@@ -206,10 +207,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for independent runs")
     parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS),
-                        help="fig9, reprefill, floor: model groups to run")
+                        help="fig9, reprefill, floor, migration: model groups to run")
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
-    parser.add_argument("--no-calibrated", action="store_true", help="fig9, floor: the documented scenarios "
-                        "only")
+    parser.add_argument("--no-calibrated", action="store_true", help="fig9, floor, migration: the documented "
+                        "scenarios only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")

@@ -10,6 +10,8 @@ Invariant: every part is finite and >= 0.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -19,7 +21,22 @@ from pivotrl.sim.catalog import device_spec, model_spec
 from pivotrl.sim.costs import CostConfig, CostModel
 from pivotrl.sim.truth import HardwareConfig, TrueLatency, fit_belief
 
-__all__ = ["SimHardware", "CatalogHardware"]
+__all__ = ["SimHardware", "CatalogHardware", "KVTransfer"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransfer:
+    """What moving one role's KV caches through host memory costs (``deployment.migration = "kv_transfer"``)."""
+
+    save_s_per_token: float  # the source copies a sequence's KV to host memory (its replica's shift down waits)
+    load_s_per_token: float  # the destination's stall before the sequence decodes again (instead of a re-prefill)
+    host_bytes_per_token: float  # host memory one token's KV takes (every tensor-parallel shard)
+
+    def __post_init__(self) -> None:
+        for name in ("save_s_per_token", "load_s_per_token", "host_bytes_per_token"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"KVTransfer.{name} must be finite and >= 0, got {value!r}")
 
 
 class SimHardware(Protocol):
@@ -56,6 +73,12 @@ class SimHardware(Protocol):
 
     def reload(self, tp: int) -> dict[str, float]:
         """Parts of loading a new policy version into a live rollout replica (static deployments)."""
+
+    def kv_transfer(self, role: str, tp: int) -> KVTransfer | None:
+        """Costs of moving a ``role`` replica's KV caches through host memory; None: this cluster cannot."""
+
+    def kv_host_bytes(self, num_devices: int) -> float:
+        """Host memory of a ``num_devices`` cluster that can hold aborted sequences' KV caches."""
 
 
 class CatalogHardware:
@@ -101,3 +124,12 @@ class CatalogHardware:
 
     def reload(self, tp: int) -> dict[str, float]:
         return {"gps_read_s": self.costs.read_s(self.policy, tp)}
+
+    def kv_transfer(self, role: str, tp: int) -> KVTransfer | None:
+        model = self.models[role]
+        return KVTransfer(save_s_per_token=self.costs.kv_save_s_per_token(model, tp),
+                          load_s_per_token=self.costs.kv_load_s_per_token(model, tp),
+                          host_bytes_per_token=model.kv_bytes_per_token(tp) * tp)
+
+    def kv_host_bytes(self, num_devices: int) -> float:
+        return self.costs.cfg.kv_host_bytes_per_node * -(-num_devices // self.devices_per_node)

@@ -39,6 +39,7 @@ from pivotrl.control.config import DeploymentConfig
 from pivotrl.control.events import read_events
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim.config import Scenario, SimConfig
+from pivotrl.sim.hardware import KVTransfer
 from pivotrl.sim.truth import TrueLatency
 from pivotrl.sim.workload import Workload, WorkloadConfig
 
@@ -85,6 +86,12 @@ class MeasuredHardware:
 
     def inference_down(self, role: str) -> dict[str, float]:
         return self._phase(f"{role} down")
+
+    def kv_transfer(self, role: str, tp: int) -> KVTransfer | None:
+        return None  # the runtime's engines re-prefill: there is nothing measured to replay
+
+    def kv_host_bytes(self, num_devices: int) -> float:
+        return 0.0
 
     def training_up(self, num_devices: int) -> dict[str, float]:
         return self._phase("training up")

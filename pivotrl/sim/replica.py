@@ -32,7 +32,7 @@ class SimReplica:
     """Closed-form state of one engine instance."""
 
     __slots__ = ("replica_id", "role", "device_ids", "truth", "clock", "iteration", "tokens", "seqs", "ends",
-                 "K", "factor", "version", "generated_total", "_rng", "_sigma")
+                 "K", "factor", "version", "generated_total", "kv_saved_at", "_rng", "_sigma")
 
     def __init__(self, replica_id: int, role: str, device_ids: tuple[int, ...], truth: TrueLatency,
                  rng: np.random.Generator, sigma: float, clock: float) -> None:
@@ -49,6 +49,7 @@ class SimReplica:
         self.factor = 1.0
         self.version = 0  # bumped on every change: completion events carry it
         self.generated_total = 0
+        self.kv_saved_at = 0.0  # when the copies of aborted sequences' KV caches to host memory are done
         self._rng = rng
         self._sigma = sigma
 
@@ -125,11 +126,14 @@ class SimReplica:
                 done.append(sid)
         return sorted(done)
 
-    def join(self, seq_id: int, prompt: int, generated: int, response: int, now: float) -> float:
-        """Start ``seq_id`` at the next boundary; returns its (noisy) prefill seconds."""
+    def join(self, seq_id: int, prompt: int, generated: int, response: int, now: float,
+             load_s: float | None = None) -> float:
+        """Start ``seq_id`` at the next boundary; returns its (noisy) prefill seconds, or with ``load_s`` (its KV
+        cache comes from host memory) the noisy load instead."""
         if generated >= response:
             raise ValueError(f"seq {seq_id}: generated {generated} >= response {response}")
-        prefill = self.truth.prefill_s(prompt + generated) * noise_factor(self._rng, self._sigma)
+        alone = self.truth.prefill_s(prompt + generated) if load_s is None else load_s
+        prefill = alone * noise_factor(self._rng, self._sigma)
         self.clock = max(self.clock, now) + prefill
         self.seqs[seq_id] = [prompt, generated - self.iteration, self.iteration + response - generated,
                              self.clock, prefill]

@@ -93,7 +93,8 @@ class SimResult:
             discarded_tokens=sum(rt.discarded_tokens for rt in roles),
             events=tuple(sim.events.events),
             held_device_s=held,
-            extra=dict(sim.deployment.describe()),
+            extra={**sim.deployment.describe(), **({} if sim.host_kv is None else {
+                "kv_saved": sim.host_kv.stored, "kv_refused": sim.host_kv.refused})},
             finished_s=end,
             device_s_by_use=_device_s_by_use(sim, end, held),
         )

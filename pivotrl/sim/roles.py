@@ -21,11 +21,12 @@ import numpy as np
 from pivotrl.control.driver import RoleDriver
 from pivotrl.control.events import EventLog
 from pivotrl.scheduler import ShiftAwareScheduler, ThroughputModel
+from pivotrl.sim.hardware import KVTransfer
 from pivotrl.sim.replica import EPS_S, SimReplica
 from pivotrl.sim.series import series_time
 from pivotrl.sim.truth import TrueLatency
 
-__all__ = ["SimRole", "SimSlot", "MigrationRecord"]
+__all__ = ["SimRole", "SimSlot", "MigrationRecord", "HostKV"]
 
 Schedule = Callable[..., None]  # schedule(time, fn, *args)
 OnFinished = Callable[[str, int, float], None]  # (role, seq_id, finish_time)
@@ -42,6 +43,28 @@ class MigrationRecord:
     dispatch_s: float  # queue wait from the abort to the dispatch, plus prefills queued on the destination
     reprefill_s: float  # recomputing prompt + generated tokens on the destination
     generated_tokens: int
+
+
+class HostKV:
+    """Host memory holding the KV caches of aborted sequences until their destinations load them
+    (``deployment.migration = "kv_transfer"``), shared by both inference roles. Invariant: 0 <= used <= capacity."""
+
+    __slots__ = ("capacity", "used", "stored", "refused")
+
+    def __init__(self, capacity_bytes: float) -> None:
+        self.capacity, self.used = capacity_bytes, 0.0
+        self.stored = self.refused = 0  # sequences saved; sequences that did not fit (re-prefilled instead)
+
+    def put(self, nbytes: float) -> bool:
+        if self.used + nbytes > self.capacity:
+            self.refused += 1
+            return False
+        self.used += nbytes
+        self.stored += 1
+        return True
+
+    def take(self, nbytes: float) -> None:
+        self.used = max(self.used - nbytes, 0.0)
 
 
 class SimSlot:
@@ -71,8 +94,11 @@ class SimRole:
 
     def __init__(self, role: str, tp: int, truth: TrueLatency, belief: ThroughputModel, seed: int, sigma: float,
                  *, lengths: Lengths, now: Callable[[], float], schedule: Schedule, on_finished: OnFinished,
-                 events: EventLog | None = None) -> None:
+                 events: EventLog | None = None, kv: tuple[KVTransfer, HostKV] | None = None) -> None:
         self.role, self.tp, self.truth, self.belief = role, tp, truth, belief
+        # kv_transfer: an aborted sequence's KV cache goes to host memory and its destination loads it
+        self.kv = kv
+        self._saved: dict[int, int] = {}  # seq_id -> KV tokens held in host memory
         self.events = events if events is not None else EventLog(now, enabled=False)
         self.driver: RoleDriver | None = None
         self.replicas: dict[int, SimReplica] = {}
@@ -133,7 +159,7 @@ class SimRole:
             rep = self.replicas.pop(slot.replica_id)
             assert not rep.seqs, f"replica {slot.replica_id} still holds sequences after shift down"
             self.retired_tokens += rep.generated_total
-            stop = max(stop, rep.clock)
+            stop = max(stop, rep.clock, rep.kv_saved_at)  # the engine stops once the aborted KV is saved
         return stop
 
     def on_completion(self, replica_id: int, version: int, now: float) -> None:
@@ -164,7 +190,16 @@ class SimRole:
         now = self._now()
         prompt, response = self._lengths(seq_id)
         queued = max(rep.clock - now, 0.0)  # prefills queued ahead of it on the destination
-        prefill = rep.join(seq_id, prompt, generated, response, now)
+        load_s = None
+        saved = self._saved.pop(seq_id, None)
+        if saved is not None:
+            assert self.kv is not None
+            cost, host = self.kv
+            host.take(saved * cost.host_bytes_per_token)
+            if generated > 0:  # else the sequence restarts from its prompt (a strategy that discards)
+                assert saved == prompt + generated, f"seq {seq_id}: {saved} KV tokens saved, {prompt + generated} held"
+                load_s = saved * cost.load_s_per_token
+        prefill = rep.join(seq_id, prompt, generated, response, now, load_s)
         self.prefill_device_s += prefill * self.tp
         aborted = self._aborted.pop(seq_id, None)
         if aborted is not None:
@@ -177,6 +212,12 @@ class SimRole:
         step = rep.factor * (self.truth.A * rep.tokens + rep.K)  # the engine step in flight
         got = rep.leave(seq_id, now)
         self._aborted[seq_id] = (now, min(max(rep.clock - now, 0.0), step))
+        if self.kv is not None and got > 0:
+            cost, host = self.kv
+            tokens = self._lengths(seq_id)[0] + got
+            if host.put(tokens * cost.host_bytes_per_token):
+                self._saved[seq_id] = tokens
+                rep.kv_saved_at = max(rep.kv_saved_at, now) + tokens * cost.save_s_per_token  # copies queue up
         return got
 
     def settle(self, rep: SimReplica) -> None:

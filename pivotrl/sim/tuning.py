@@ -29,6 +29,7 @@ OPTIONS: dict[str, dict[str, Any]] = {  # fig11's options beyond the paper, each
     "pivotrl+reprefill": {"reprefill_horizon_s": 240.0},  # Alg. 4 pays for re-prefill within 240 s
     "pivotrl+priced": {"strategy_cfg": {"price_reprefill": True}},  # the benefit charges re-prefill beside φ
     "pivotrl+floor": {"min_gain": 0.001},  # Dispatch admits a sequence only where it adds 0.1 % of a replica's T
+    "pivotrl+kv": {"migration": "kv_transfer"},  # a migrated sequence's KV moves through host memory (simulated only)
 }
 # the options that are scheduler settings of any deployment: fig9 also runs each static deployment's best allocation
 # with them, so PivotRL with one is compared with baselines that have it too
