@@ -41,7 +41,7 @@ class MigrationRecord:
     role: str
     abort_s: float  # until the source replica's engine step in flight ends (at most one iteration)
     dispatch_s: float  # queue wait from the abort to the dispatch, plus prefills queued on the destination
-    reprefill_s: float  # recomputing prompt + generated tokens on the destination
+    reprefill_s: float  # recomputing prompt + generated tokens on the destination (kv_transfer: loading its KV)
     generated_tokens: int
 
 

@@ -171,6 +171,8 @@ BAD = [
     (["deployment.reprefill_horizon_s=soon"], "deployment.reprefill_horizon_s", "Float"),
     (["deployment.min_gain=1"], "deployment.min_gain", "fraction >= 0 and < 1"),
     (["deployment.min_gain=some"], "deployment.min_gain", "Float"),
+    (["deployment.migration=copy"], "deployment.migration", "recompute, kv_transfer"),
+    (["deployment.migration=kv_transfer"], "deployment.migration", "allowed here: 'recompute'"),
     (["run=3"], "run", ""),
     (["run"], "run", "key=value"),
     (["run.name=${nowhere}"], "run.name", ""),

@@ -14,9 +14,9 @@ from simcases import DEPLOYMENTS, tiny_scenario
 
 
 def _run(deployment: str, seed: int = 0, rebalance: bool = False, reprefill_horizon_s: float | None = None,
-         min_gain: float | None = None, **scenario_kw: object) -> Simulator:
+         min_gain: float | None = None, migration: str = "recompute", **scenario_kw: object) -> Simulator:
     dep = dataclasses.replace(DEPLOYMENTS[deployment], rebalance=rebalance, reprefill_horizon_s=reprefill_horizon_s,
-                              min_gain=min_gain)
+                              min_gain=min_gain, migration=migration)
     cfg = SimConfig(scenario=tiny_scenario(**scenario_kw), deployment=dep, seed=seed)
     sim = Simulator(cfg, make_deployment(cfg))
     sim.result = sim.run()  # type: ignore[attr-defined]
@@ -49,13 +49,16 @@ def test_every_sequence_and_token_once_and_below_the_fluid_bound(deployment: str
 @settings(max_examples=12, deadline=None)
 @given(deployment=st.sampled_from(sorted(DEPLOYMENTS)), seed=st.integers(0, 10_000),
        prompts=st.integers(1, 3), group=st.integers(1, 5), median=st.integers(20, 600), rebalance=st.booleans(),
-       pricing=st.sampled_from([None, 0.05, 60.0]), floor=st.sampled_from([None, 0.0, 0.01, 0.3]))
+       pricing=st.sampled_from([None, 0.05, 60.0]), floor=st.sampled_from([None, 0.0, 0.01, 0.3]),
+       migration=st.sampled_from(["recompute", "kv_transfer"]))
 def test_random_workloads_conserve_and_respect_the_bound(deployment: str, seed: int, prompts: int, group: int,
                                                          median: int, rebalance: bool, pricing: float | None,
-                                                         floor: float | None) -> None:
+                                                         floor: float | None, migration: str) -> None:
     sim = _run(deployment, seed=seed, rebalance=rebalance, reprefill_horizon_s=pricing, min_gain=floor, num_steps=2,
-               prompts_per_step=prompts, group_size=group, response_median=median)
+               prompts_per_step=prompts, group_size=group, response_median=median, migration=migration)
     _check_conserved(sim)
+    if sim.host_kv is not None:  # every KV cache saved was loaded again: none is left in host memory
+        assert sim.host_kv.used == pytest.approx(0.0, abs=1.0)
     bound = fluid_bound(sim.cfg.scenario, sim.workload, sim.cfg.hardware, sim.cfg.costs)
     assert sim.result.tps <= bound.tps  # type: ignore[attr-defined]
 
