@@ -43,6 +43,7 @@ class MigrationRecord:
     dispatch_s: float  # queue wait from the abort to the dispatch, plus prefills queued on the destination
     reprefill_s: float  # recomputing prompt + generated tokens on the destination (kv_transfer: loading its KV)
     generated_tokens: int
+    kv_loaded: bool = False  # its KV cache came from host memory (deployment.migration = "kv_transfer")
 
 
 class HostKV:
@@ -196,23 +197,26 @@ class SimRole:
             assert self.kv is not None
             cost, host = self.kv
             host.take(saved * cost.host_bytes_per_token)
-            if generated > 0:  # else the sequence restarts from its prompt (a strategy that discards)
-                assert saved == prompt + generated, f"seq {seq_id}: {saved} KV tokens saved, {prompt + generated} held"
-                load_s = saved * cost.load_s_per_token
+            # the saved KV holds the prompt and the tokens generated before the abort; a strategy that discards
+            # them restarts from the prompt, whose KV is still a valid prefix
+            assert saved >= prompt + generated, f"seq {seq_id}: {saved} KV tokens saved, {prompt + generated} needed"
+            load_s = (prompt + generated) * cost.load_s_per_token
         prefill = rep.join(seq_id, prompt, generated, response, now, load_s)
         self.prefill_device_s += prefill * self.tp
         aborted = self._aborted.pop(seq_id, None)
         if aborted is not None:
             at, abort_s = aborted
             self.reprefill_device_s += prefill * self.tp
-            self.migrations.append(MigrationRecord(seq_id, self.role, abort_s, now - at + queued, prefill, generated))
+            self.migrations.append(MigrationRecord(seq_id, self.role, abort_s, now - at + queued, prefill, generated,
+                                                   kv_loaded=load_s is not None))
 
     def leave(self, rep: SimReplica, seq_id: int) -> int:
         now = self._now()
         step = rep.factor * (self.truth.A * rep.tokens + rep.K)  # the engine step in flight
+        prefilled = rep.seqs[seq_id][3] <= now  # its KV cache is complete (else the prefill stops half-way)
         got = rep.leave(seq_id, now)
         self._aborted[seq_id] = (now, min(max(rep.clock - now, 0.0), step))
-        if self.kv is not None and got > 0:
+        if self.kv is not None and prefilled:
             cost, host = self.kv
             tokens = self._lengths(seq_id)[0] + got
             if host.put(tokens * cost.host_bytes_per_token):

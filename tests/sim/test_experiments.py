@@ -17,7 +17,7 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert group["name"] == "Qwen2.5-7B & Qwen3-30B-A3B" and group["devices"] == 32
     assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
-    assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced"}  # PivotRL tuned with each option
+    assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced", "pivotrl+kv"}  # PivotRL tuned with each
     for n in ("rebalanced_tps", "floored_tps"):  # the scheduler options: PivotRL and every baseline with each
         assert set(group[n]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl"}
         assert all(0 < tps <= group["fluid_bound"] for tps in group[n].values())
@@ -54,6 +54,21 @@ def test_floor_sweeps_every_value_for_pivotrl_and_the_best_baseline(tmp_path: Pa
         assert [r["min_gain"] for r in rows] == [None, *FLOORS]
         assert all(r["tps"] > 0 and 0 <= r["idle_held_pct"] <= 100 for r in rows)
     assert (tmp_path / "floor.png").stat().st_size > 0
+
+
+def test_migration_tunes_pivotrl_with_each_variant_beside_the_bound(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from pivotrl.sim.ablations import MIGRATION_VARIANTS
+
+    main(["migration", "--quick", "--groups", "7B+30B", "--no-calibrated", "--json", "--out", str(tmp_path)])
+    group = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["documented"]["7B+30B"]
+    assert group["best_baseline"] in ("colocated", "disaggregated", "rr_colocated")
+    rows = group["pivotrl"]
+    assert list(rows) == list(MIGRATION_VARIANTS)
+    assert all(0 < r["tps"] <= group["fluid_bound"] and r["of_bound"] == r["tps"] / group["fluid_bound"]
+               for r in rows.values())
+    assert rows["pivotrl"]["kv_saved"] == 0 and rows["pivotrl+kv"]["kv_saved"] > 0  # only the KV variants move KV
+    assert (tmp_path / "migration.png").stat().st_size > 0
 
 
 def test_alloc_names_every_deployment_kind() -> None:
