@@ -67,6 +67,8 @@ def test_migration_tunes_pivotrl_with_each_variant_beside_the_bound(tmp_path: Pa
     assert list(rows) == list(MIGRATION_VARIANTS)
     assert all(0 < r["tps"] <= group["fluid_bound"] and r["of_bound"] == r["tps"] / group["fluid_bound"]
                for r in rows.values())
+    assert rows["pivotrl"]["baseline_tps"] == group["best_baseline_tps"]  # the paper's PivotRL: the plain baselines
+    assert all(r["baseline_tps"] >= group["best_baseline_tps"] for r in rows.values())
     assert rows["pivotrl"]["kv_saved"] == 0 and rows["pivotrl+kv"]["kv_saved"] > 0  # only the KV variants move KV
     assert (tmp_path / "migration.png").stat().st_size > 0
 
