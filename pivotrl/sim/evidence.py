@@ -129,20 +129,26 @@ def _calibrated_sweep(measured: list[Any]) -> dict[str, Any]:
 
 
 def calibrate(args: argparse.Namespace) -> dict[str, Any]:
-    """The calibrated scenario set (``pivotrl.sim.calibrate``): three constants fitted to Fig. 9's baseline bars at
-    Table 4's allocations; PivotRL at Table 4's training set predicted out of sample."""
-    from pivotrl.sim.calibrate import Calibration, fit, run_bars
+    """The calibrated scenario set (``pivotrl.sim.calibrate``): the constants ``--constants`` fitted to Fig. 9's
+    baseline bars at Table 4's allocations, each measured in steady state (``--steps`` steps, default 8, the first
+    ``--warmup-steps`` not counted), from the adopted set (``CALIBRATED``); PivotRL at Table 4's training set predicted
+    out of sample, measured the same way."""
+    from pivotrl.sim.calibrate import CALIBRATED, Calibration, Measure, fit, run_bars
 
     def progress(n: int, cal: Calibration, value: float) -> None:
-        print(f"  evaluation {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in cal.as_dict().items())
-              + f": sum of squared log errors {value:.4f}", flush=True)
+        print(f"  evaluation {n}: {cal.label()}: sum of squared log errors {value:.4f}", flush=True)
 
-    result = fit(max_evaluations=args.evaluations, seed=args.seed, jobs=args.jobs, progress=progress)
+    measure = Measure(num_steps=args.steps or 8, warmup_steps=args.warmup_steps)
+    print(f"each bar: {measure.num_steps}-step runs, the first {measure.warmup_steps} steps not counted; fitting "
+          f"{', '.join(args.constants)} from the adopted set ({CALIBRATED.label()})", flush=True)
+    result = fit(start=CALIBRATED, names=tuple(args.constants), measure=measure, max_evaluations=args.evaluations,
+                 seed=args.seed, jobs=args.jobs, progress=progress)
     documented, calibrated = Calibration(), result.params
-    piv = {"documented": run_bars(documented, ("pivotrl",), seed=args.seed, jobs=args.jobs),
-           "calibrated": run_bars(calibrated, ("pivotrl",), seed=args.seed, jobs=args.jobs)}
-    print("\nfitted: " + ", ".join(f"{k} {v:.3f} (documented {documented.as_dict()[k]:.3f})"
-                                  for k, v in calibrated.as_dict().items()) + f"; {result.evaluations} evaluations")
+    start_bars = run_bars(documented, seed=args.seed, jobs=args.jobs, measure=measure)
+    result = dataclasses.replace(result, start_bars=start_bars)
+    piv = {"documented": run_bars(documented, ("pivotrl",), seed=args.seed, jobs=args.jobs, measure=measure),
+           "calibrated": run_bars(calibrated, ("pivotrl",), seed=args.seed, jobs=args.jobs, measure=measure)}
+    print(f"\nfitted: {calibrated.label()} (documented: {documented.label()}); {result.evaluations} evaluations")
     rows = []
     for before, after in zip(result.start_bars, result.bars):
         rows.append({"group": after.group, "deployment": after.kind, "allocation": after.allocation,
@@ -179,5 +185,6 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     plots.bars(list(paper.TABLE4), series, args.out / "calibrate.png", "tokens/s",
                "Fig. 9 baselines at Table 4: paper vs calibrated")
     return {"params": calibrated.as_dict(), "documented": documented.as_dict(), "evaluations": result.evaluations,
+            "measure": {"num_steps": measure.num_steps, "warmup_steps": measure.warmup_steps},
             "rows": rows, "max_ratio_error": max(errors), "rms_log_error": rms, "pivotrl": out_of_sample,
             "history": [{"params": h, "objective": v} for h, v in result.history]}

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from pivotrl.sim import paper, plots
 from pivotrl.sim.ablations import fig11, fig14, floor, migration, reprefill
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig
+from pivotrl.sim.calibrate import BOUNDS as CALIBRATION_BOUNDS
 from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
@@ -43,8 +44,7 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
     data = _fig9(args, "documented scenarios", "fig9.png")
     if not args.no_calibrated:
         with calibrated_set(args) as cal:
-            print("\n=== calibrated scenarios: " + ", ".join(f"{k} {v:g}" for k, v in cal.as_dict().items())
-                  + " (python -m pivotrl.sim.experiments calibrate)")
+            print(f"\n=== calibrated scenarios: {cal.label()} (python -m pivotrl.sim.experiments calibrate)")
             data["calibrated"] = _fig9(args, "calibrated scenarios", "fig9-calibrated.png")
     return data
 
@@ -216,6 +216,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")
     parser.add_argument("--evaluations", type=int, default=60, help="calibrate: most objective evaluations "
                         "(each simulates the twelve baseline bars)")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="calibrate: steps of each run not counted "
+                        "(the pipeline's fill); --steps sets the run (calibrate's default: 8)")
+    parser.add_argument("--constants", nargs="+", choices=list(CALIBRATION_BOUNDS), default=list(CALIBRATION_BOUNDS),
+                        help="calibrate: the constants to fit (the others as the adopted set has them)")
     parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)

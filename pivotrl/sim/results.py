@@ -60,11 +60,25 @@ class SimResult:
     # devices x finished_s split by use (device-seconds): decode iterations per role, prefills, re-prefills of
     # migrated sequences, training, shift phases, replicas held without an iteration to run, devices no role held
     device_s_by_use: dict[str, float] = field(default_factory=dict)
+    step_tokens: tuple[int, ...] = ()  # tokens rollout and GenRM generated for each step (they add up to generated_tokens)
 
     @property
     def tps(self) -> float:
         """End-to-end throughput, generated tokens per second."""
         return self.generated_tokens / self.makespan_s
+
+    def steady_tps(self, warmup_steps: int) -> float:
+        """Throughput once the pipeline is full: the tokens of the steps after the first ``warmup_steps`` over the
+        time from the end of step ``warmup_steps - 1``'s training to the end of the last step's (0: ``tps``)."""
+        if not 0 <= warmup_steps < self.num_steps:
+            raise ValueError(f"warmup_steps must be in [0, {self.num_steps - 1}] for a {self.num_steps}-step run, "
+                             f"got {warmup_steps!r}")
+        if warmup_steps == 0:
+            return self.tps
+        if len(self.step_tokens) != self.num_steps:
+            raise ValueError("steady_tps: this result has no per-step tokens (step_tokens)")
+        span_s = self.step_end_s[-1] - self.step_end_s[warmup_steps - 1]
+        return sum(self.step_tokens[warmup_steps:]) / span_s
 
     @property
     def shifts_per_step(self) -> float:
@@ -97,6 +111,8 @@ class SimResult:
                 "kv_saved": sim.host_kv.stored, "kv_refused": sim.host_kv.refused})},
             finished_s=end,
             device_s_by_use=_device_s_by_use(sim, end, held),
+            step_tokens=tuple(int(sim.workload.response[s].sum() + sim.workload.judgement[s].sum())
+                              for s in range(sim.workload.num_steps)),
         )
 
     def summary(self) -> dict[str, Any]:

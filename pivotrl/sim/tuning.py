@@ -38,10 +38,12 @@ SCHEDULER_OPTIONS = {"rebalanced": "pivotrl+rebalance", "floored": "pivotrl+floo
 
 def scenario_for(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:
     sc = scenario(key, **overrides)
-    if getattr(args, "calibration", None) is not None:  # the calibrated set's response and judgement lengths
-        sc.workload = args.calibration.workload(sc.workload)
+    cal = getattr(args, "calibration", None)
+    if cal is not None:  # the calibrated set's response and judgement lengths (and batch)
+        sc.workload = cal.workload(sc.workload)
     steps = args.steps or (2 if args.quick else sc.workload.num_steps)
-    prompts = max(1, sc.num_devices // 4) if args.quick else 2 * sc.num_devices
+    prompts = max(1, sc.num_devices // 4) if args.quick else (
+        2 * sc.num_devices if cal is None or cal.prompts_per_step is None else cal.prompts_per_step)
     sc.workload = dataclasses.replace(sc.workload, num_steps=steps, prompts_per_step=prompts)
     return sc
 
