@@ -40,8 +40,11 @@ __all__ = ["main", "EXPERIMENTS"]
 
 def fig9(args: argparse.Namespace) -> dict[str, Any]:
     """The documented scenarios, then (unless ``--no-calibrated``) the calibrated set (``pivotrl.sim.calibrate``:
-    constants fitted to the paper's baseline bars) under ``"calibrated"`` with the same fields."""
-    data = _fig9(args, "documented scenarios", "fig9.png")
+    constants fitted to the paper's baseline bars) under ``"calibrated"`` with the same fields (``--calibrated-only``:
+    that key alone)."""
+    if args.calibrated_only and args.no_calibrated:
+        raise SystemExit("fig9: --calibrated-only and --no-calibrated exclude each other")
+    data = {} if args.calibrated_only else _fig9(args, "documented scenarios", "fig9.png")
     if not args.no_calibrated:
         with calibrated_set(args) as cal:
             print(f"\n=== calibrated scenarios: {cal.label()} (python -m pivotrl.sim.experiments calibrate)")
@@ -211,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
     parser.add_argument("--no-calibrated", action="store_true", help="fig9, floor, migration: the documented "
                         "scenarios only")
+    parser.add_argument("--calibrated-only", action="store_true", help="fig9: the calibrated set only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")
@@ -224,8 +228,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    before = {p: p.stat().st_mtime_ns for p in args.out.glob("*.png")}
     data = EXPERIMENTS[args.name](args)
-    print(f"saved {args.out / (args.name + '.png')}")
+    written = sorted(p for p in args.out.glob("*.png") if before.get(p) != p.stat().st_mtime_ns)
+    print("saved " + (", ".join(str(p) for p in written) if written else "no figure"))
     if args.json:
         print(json.dumps(data))
     return data

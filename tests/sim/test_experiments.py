@@ -29,6 +29,16 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert (tmp_path / "fig9-calibrated.png").stat().st_size > 0
 
 
+def test_fig9_runs_the_calibrated_set_alone_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "fig9-calibrated.png").write_bytes(b"an older figure")
+    data = main(["fig9", "--quick", "--groups", "7B+30B", "--calibrated-only", "--out", str(tmp_path)])
+    assert set(data) == {"calibrated"} and len(data["calibrated"]["groups"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"saved {tmp_path / 'fig9-calibrated.png'}"
+    assert not (tmp_path / "fig9.png").exists() and (tmp_path / "fig9-calibrated.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="exclude each other"):
+        main(["fig9", "--quick", "--calibrated-only", "--no-calibrated", "--out", str(tmp_path)])
+
+
 def test_reprefill_sweeps_every_horizon_beside_the_paper_faithful_run(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from pivotrl.sim.ablations import REPREFILL_HORIZONS_S
