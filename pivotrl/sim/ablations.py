@@ -12,8 +12,8 @@ from pivotrl.sim.config import SCENARIOS, DeploymentConfig, SimConfig
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate_many
-from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, calibrated_set,
-                                constants, scenario_for, table, tps_text)
+from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, alloc, base, best, best_with_config, constants,
+                                scenario_for, scenario_sets, table, tps_text)
 from pivotrl.sim.workload import Workload
 
 __all__ = ["fig11", "fig14", "reprefill", "floor", "migration", "REPREFILL_HORIZONS_S", "FLOORS", "MIGRATION_VARIANTS"]
@@ -132,13 +132,9 @@ FLOORS = (0.0, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 def floor(args: argparse.Namespace) -> dict[str, Any]:
     """The Dispatch floor (``deployment.min_gain``, beyond the paper), by value, on the documented scenario set and
-    (unless ``--no-calibrated``) the calibrated one: PivotRL at its tuned training set and the best baseline at its
+    (unless ``--no-calibrated``; ``--calibrated-only``: that one alone) the calibrated one: PivotRL at its tuned training set and the best baseline at its
     best allocation, each run with every floor, beside §6.1's Dispatch (no floor), with where the device time went."""
-    out: dict[str, Any] = {"documented": _floor_set(args, "documented")}
-    if not args.no_calibrated:
-        with calibrated_set(args):
-            out["calibrated"] = _floor_set(args, "calibrated")
-    return out
+    return {label: _floor_set(args, label) for label in scenario_sets(args, "floor")}
 
 
 def _floor_set(args: argparse.Namespace, label: str) -> dict[str, Any]:
@@ -184,15 +180,12 @@ _SCHEDULER_KEYS = ("min_gain", "rebalance")  # options of any deployment's role 
 
 def migration(args: argparse.Namespace) -> dict[str, Any]:
     """KV-moving migration (``deployment.migration = "kv_transfer"``, beyond the paper, simulated only) on the
-    documented scenario set and (unless ``--no-calibrated``) the calibrated one: PivotRL tuned over its training sets
+    documented scenario set and (unless ``--no-calibrated``; ``--calibrated-only``: that one alone) the calibrated
+    one: PivotRL tuned over its training sets
     as the paper runs it (a migrated sequence re-prefills), with the KV moved through host memory, and with the
     scheduler options on top, beside the fluid bound and the best baseline (for a variant with scheduler options: the
     best of the baselines tuned with and without them)."""
-    out: dict[str, Any] = {"documented": _migration_set(args, "documented")}
-    if not args.no_calibrated:
-        with calibrated_set(args):
-            out["calibrated"] = _migration_set(args, "calibrated")
-    return out
+    return {label: _migration_set(args, label) for label in scenario_sets(args, "migration")}
 
 
 def _migration_set(args: argparse.Namespace, label: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
 from pivotrl.sim.runner import simulate, simulate_many
 from pivotrl.sim.tuning import (BEYOND, KINDS, OPTIONS, SCHEDULER_OPTIONS, alloc, base, best, best_with_config,
-                                calibrated_set, constants, scenario_for, table)
+                                constants, scenario_for, scenario_sets, table)
 from pivotrl.sim.workload import Workload
 
 __all__ = ["main", "EXPERIMENTS"]
@@ -42,12 +42,12 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
     """The documented scenarios, then (unless ``--no-calibrated``) the calibrated set (``pivotrl.sim.calibrate``:
     constants fitted to the paper's baseline bars) under ``"calibrated"`` with the same fields (``--calibrated-only``:
     that key alone)."""
-    if args.calibrated_only and args.no_calibrated:
-        raise SystemExit("fig9: --calibrated-only and --no-calibrated exclude each other")
-    data = {} if args.calibrated_only else _fig9(args, "documented scenarios", "fig9.png")
-    if not args.no_calibrated:
-        with calibrated_set(args) as cal:
-            print(f"\n=== calibrated scenarios: {cal.label()} (python -m pivotrl.sim.experiments calibrate)")
+    data: dict[str, Any] = {}
+    for label in scenario_sets(args, "fig9"):
+        if label == "documented":
+            data.update(_fig9(args, "documented scenarios", "fig9.png"))
+        else:
+            print(f"\n=== calibrated scenarios: {args.calibration.label()} (python -m pivotrl.sim.experiments calibrate)")
             data["calibrated"] = _fig9(args, "calibrated scenarios", "fig9-calibrated.png")
     return data
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
     parser.add_argument("--no-calibrated", action="store_true", help="fig9, floor, migration: the documented "
                         "scenarios only")
-    parser.add_argument("--calibrated-only", action="store_true", help="fig9: the calibrated set only")
+    parser.add_argument("--calibrated-only", action="store_true", help="fig9, floor, migration: the calibrated set only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")

@@ -20,7 +20,7 @@ from pivotrl.sim.runner import allocations, simulate_many
 from pivotrl.sim.workload import Workload
 
 __all__ = ["KINDS", "BEYOND", "OPTIONS", "SCHEDULER_OPTIONS", "scenario_for", "base", "best", "best_with_config",
-           "constants", "calibrated_set", "table", "alloc", "tps_text"]
+           "constants", "calibrated_set", "scenario_sets", "table", "alloc", "tps_text"]
 
 KINDS = ("colocated", "disaggregated", "rr_colocated", "pivotrl")
 BEYOND = ("critical",)  # strategies beyond the paper, run beside ``pivotrl`` (pivotrl/planner/strategies)
@@ -82,6 +82,18 @@ def calibrated_set(args: argparse.Namespace) -> Iterator[Calibration]:
         yield CALIBRATED
     finally:
         args.calibration = None
+
+
+def scenario_sets(args: argparse.Namespace, experiment: str) -> Iterator[str]:
+    """The scenario sets ``experiment`` runs, as labels: "documented" unless ``--calibrated-only``, then
+    "calibrated" (inside ``calibrated_set``) unless ``--no-calibrated``."""
+    if args.calibrated_only and args.no_calibrated:
+        raise SystemExit(f"{experiment}: --calibrated-only and --no-calibrated exclude each other")
+    if not args.calibrated_only:
+        yield "documented"
+    if not args.no_calibrated:
+        with calibrated_set(args):
+            yield "calibrated"
 
 
 def constants(args: argparse.Namespace) -> dict[str, Any]:

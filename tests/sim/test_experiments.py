@@ -35,8 +35,6 @@ def test_fig9_runs_the_calibrated_set_alone_on_request(tmp_path: Path, capsys: p
     assert set(data) == {"calibrated"} and len(data["calibrated"]["groups"]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"saved {tmp_path / 'fig9-calibrated.png'}"
     assert not (tmp_path / "fig9.png").exists() and (tmp_path / "fig9-calibrated.png").stat().st_size > 0
-    with pytest.raises(SystemExit, match="exclude each other"):
-        main(["fig9", "--quick", "--calibrated-only", "--no-calibrated", "--out", str(tmp_path)])
 
 
 def test_reprefill_sweeps_every_horizon_beside_the_paper_faithful_run(tmp_path: Path,
@@ -64,6 +62,19 @@ def test_floor_sweeps_every_value_for_pivotrl_and_the_best_baseline(tmp_path: Pa
         assert [r["min_gain"] for r in rows] == [None, *FLOORS]
         assert all(r["tps"] > 0 and 0 <= r["idle_held_pct"] <= 100 for r in rows)
     assert (tmp_path / "floor.png").stat().st_size > 0
+
+
+def test_floor_runs_the_calibrated_set_alone_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["floor", "--quick", "--groups", "7B+30B", "--calibrated-only", "--json", "--out", str(tmp_path)])
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(data) == ["calibrated"] and list(data["calibrated"]) == ["7B+30B"]
+    assert not (tmp_path / "floor.png").exists() and (tmp_path / "floor-calibrated.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("experiment", ["fig9", "floor", "migration"])
+def test_the_set_flags_exclude_each_other(experiment: str, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=f"{experiment}: --calibrated-only and --no-calibrated exclude each other"):
+        main([experiment, "--quick", "--calibrated-only", "--no-calibrated", "--out", str(tmp_path)])
 
 
 def test_migration_tunes_pivotrl_with_each_variant_beside_the_bound(tmp_path: Path,
