@@ -72,6 +72,7 @@ class Simulator:
         self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
         self.events = EventLog(self.now, enabled=cfg.record_events)
         self.shift_device_s = 0.0  # device-seconds of shift phases (and weight reloads of live rollout replicas)
+        self.shift_device_s_by_phase: dict[str, float] = {}  # the same, by "<role> <direction>"
         rng = np.random.default_rng([cfg.seed, 0x5111])
         sigma = self.hw.noise_sigma
         self.roles: dict[str, SimRole] = {}
@@ -257,6 +258,8 @@ class Simulator:
         """Charge (and record) a shift's phase on each of ``devices`` from ``start`` (what the cost model charged)."""
         seconds = sum(parts.values())
         self.shift_device_s += seconds * len(devices)
+        phase = f"{role} {direction}"
+        self.shift_device_s_by_phase[phase] = self.shift_device_s_by_phase.get(phase, 0.0) + seconds * len(devices)
         if self.events.enabled:
             for d in devices:
                 self.events.emit_at(start + seconds, "shift_phase", device=d, role=role, direction=direction,

@@ -75,8 +75,8 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
         options = {n: best(sc, base("pivotrl", **opt), args, wl).tps for n, opt in OPTIONS.items()
                    if n not in SCHEDULER_OPTIONS.values()}
         work = fluid.work_s * sc.num_devices
-        loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use}
-                for k, r in runs.items()}
+        loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use,
+                    "shifting_by_phase": r.shift_device_s_by_phase} for k, r in runs.items()}
         groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss,
                        **{f"{n}_tps": t for n, t in fair.items()}, "options_tps": options})
         ref = paper.FIG9_TPS[key]

@@ -61,6 +61,8 @@ class SimResult:
     # migrated sequences, training, shift phases, replicas held without an iteration to run, devices no role held
     device_s_by_use: dict[str, float] = field(default_factory=dict)
     step_tokens: tuple[int, ...] = ()  # tokens rollout and GenRM generated for each step (they add up to generated_tokens)
+    # device_s_by_use's shifting split by shift phase, "<role> <direction>" (as the event record's shift_phase names it)
+    shift_device_s_by_phase: dict[str, float] = field(default_factory=dict)
 
     @property
     def tps(self) -> float:
@@ -113,6 +115,7 @@ class SimResult:
             device_s_by_use=_device_s_by_use(sim, end, held),
             step_tokens=tuple(int(sim.workload.response[s].sum() + sim.workload.judgement[s].sum())
                               for s in range(sim.workload.num_steps)),
+            shift_device_s_by_phase=dict(sorted(sim.shift_device_s_by_phase.items())),
         )
 
     def summary(self) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def test_workload_is_a_function_of_seed_and_respects_limits() -> None:
 
 @pytest.mark.parametrize("kind", sorted(DEPLOYMENTS))
 def test_a_runs_device_time_by_use_adds_up_to_devices_times_its_run_time(kind: str) -> None:
-    cfg = SimConfig(scenario=tiny_scenario(), deployment=DEPLOYMENTS[kind])
+    cfg = SimConfig(scenario=tiny_scenario(), deployment=DEPLOYMENTS[kind], record_events=True)
     sim = Simulator(cfg, make_deployment(cfg))
     result = sim.run()
     uses = result.device_s_by_use
@@ -126,6 +126,15 @@ def test_a_runs_device_time_by_use_adds_up_to_devices_times_its_run_time(kind: s
     busy = uses["decode_rollout"] + uses["decode_reward"] + uses["prefill"] + uses["reprefill"]
     assert busy <= held["rollout"] + held["reward"] + 1e-9  # a replica iterates only while its role holds it
     assert uses["reprefill"] > 0 or not any(m.reprefill_s for rt in sim.roles.values() for m in rt.migrations)
+    # shifting by phase: it adds up to shifting, and each phase is what the event record's shift_phase events charged
+    by_phase: dict[str, float] = {}
+    for e in sim.events.events:
+        if e["kind"] == "shift_phase":
+            name = f"{e['role']} {e['direction']}"
+            by_phase[name] = by_phase.get(name, 0.0) + e["seconds"]
+    assert set(result.shift_device_s_by_phase) == set(by_phase)
+    assert all(result.shift_device_s_by_phase[n] == pytest.approx(s, rel=1e-9) for n, s in by_phase.items())
+    assert sum(result.shift_device_s_by_phase.values()) == pytest.approx(uses["shifting"], rel=1e-9, abs=1e-9)
 
 
 @pytest.mark.parametrize("deployment", sorted(DEPLOYMENTS))
