@@ -132,8 +132,9 @@ FLOORS = (0.0, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 def floor(args: argparse.Namespace) -> dict[str, Any]:
     """The Dispatch floor (``deployment.min_gain``, beyond the paper), by value, on the documented scenario set and
-    (unless ``--no-calibrated``; ``--calibrated-only``: that one alone) the calibrated one: PivotRL at its tuned training set and the best baseline at its
-    best allocation, each run with every floor, beside §6.1's Dispatch (no floor), with where the device time went."""
+    (unless ``--no-calibrated``; ``--calibrated-only``: that one alone) the calibrated one: PivotRL at its tuned
+    training set and the best baseline at its best allocation, each run with every floor, beside §6.1's Dispatch (no
+    floor), with where the device time went."""
     return {label: _floor_set(args, label) for label in scenario_sets(args, "floor")}
 
 
@@ -181,10 +182,9 @@ _SCHEDULER_KEYS = ("min_gain", "rebalance")  # options of any deployment's role 
 def migration(args: argparse.Namespace) -> dict[str, Any]:
     """KV-moving migration (``deployment.migration = "kv_transfer"``, beyond the paper, simulated only) on the
     documented scenario set and (unless ``--no-calibrated``; ``--calibrated-only``: that one alone) the calibrated
-    one: PivotRL tuned over its training sets
-    as the paper runs it (a migrated sequence re-prefills), with the KV moved through host memory, and with the
-    scheduler options on top, beside the fluid bound and the best baseline (for a variant with scheduler options: the
-    best of the baselines tuned with and without them)."""
+    one: PivotRL tuned over its training sets as the paper runs it (a migrated sequence re-prefills), with the KV moved
+    through host memory, and with the scheduler options on top, beside the fluid bound and the best baseline (for a
+    variant with scheduler options: the best of the baselines tuned with and without them)."""
     return {label: _migration_set(args, label) for label in scenario_sets(args, "migration")}
 
 

@@ -71,8 +71,8 @@ class Simulator:
         self._written_at: dict[int, float] = {}
         self._publish_at: dict[int, float] = {0: 0.0}  # version -> when it reaches GPS
         self.events = EventLog(self.now, enabled=cfg.record_events)
-        self.shift_device_s = 0.0  # device-seconds of shift phases (and weight reloads of live rollout replicas)
-        self.shift_device_s_by_phase: dict[str, float] = {}  # the same, by "<role> <direction>"
+        # device-seconds of shift phases (and weight reloads of live rollout replicas), by "<role> <direction>"
+        self.shift_device_s_by_phase: dict[str, float] = {}
         rng = np.random.default_rng([cfg.seed, 0x5111])
         sigma = self.hw.noise_sigma
         self.roles: dict[str, SimRole] = {}
@@ -254,10 +254,14 @@ class Simulator:
         self._phases(self._now, "rollout", "reload", devices, parts)
         self.roles["rollout"].stall_all(seconds, self._now)
 
+    @property
+    def shift_device_s(self) -> float:
+        """Device-seconds of every shift phase so far."""
+        return sum(self.shift_device_s_by_phase.values())
+
     def _phases(self, start: float, role: str, direction: str, devices: list[int], parts: dict[str, float]) -> None:
         """Charge (and record) a shift's phase on each of ``devices`` from ``start`` (what the cost model charged)."""
         seconds = sum(parts.values())
-        self.shift_device_s += seconds * len(devices)
         phase = f"{role} {direction}"
         self.shift_device_s_by_phase[phase] = self.shift_device_s_by_phase.get(phase, 0.0) + seconds * len(devices)
         if self.events.enabled:

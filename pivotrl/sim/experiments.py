@@ -47,7 +47,8 @@ def fig9(args: argparse.Namespace) -> dict[str, Any]:
         if label == "documented":
             data.update(_fig9(args, "documented scenarios", "fig9.png"))
         else:
-            print(f"\n=== calibrated scenarios: {args.calibration.label()} (python -m pivotrl.sim.experiments calibrate)")
+            print(f"\n=== calibrated scenarios: {args.calibration.label()} "
+                  "(python -m pivotrl.sim.experiments calibrate)")
             data["calibrated"] = _fig9(args, "calibrated scenarios", "fig9-calibrated.png")
     return data
 
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
     parser.add_argument("--no-calibrated", action="store_true", help="fig9, floor, migration: the documented "
                         "scenarios only")
-    parser.add_argument("--calibrated-only", action="store_true", help="fig9, floor, migration: the calibrated set only")
+    parser.add_argument("--calibrated-only", action="store_true", help="fig9, floor, migration: the calibrated set "
+                        "only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")

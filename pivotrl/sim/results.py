@@ -133,6 +133,6 @@ def _device_s_by_use(sim: "Simulator", end: float, held: dict[str, float]) -> di
            "training": held["training"], "shifting": sim.shift_device_s}
     out["held_without_work"] = max(held["rollout"] + held["reward"] - sum(out[k] for k in (
         "decode_rollout", "decode_reward", "prefill", "reprefill")), 0.0)
-    out["idle"] = max(sim.cfg.scenario.num_devices * end - sum(held.values()) - sim.shift_device_s, 0.0)
+    out["idle"] = max(sim.cfg.scenario.num_devices * end - sum(held.values()) - out["shifting"], 0.0)
     return out
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pivotrl.sim import SimConfig, Simulator, Workload, fluid_bound
+from pivotrl.report.books import replay
 from pivotrl.sim.runner import make_deployment
 
 from simcases import DEPLOYMENTS, tiny_scenario
@@ -127,11 +128,7 @@ def test_a_runs_device_time_by_use_adds_up_to_devices_times_its_run_time(kind: s
     assert busy <= held["rollout"] + held["reward"] + 1e-9  # a replica iterates only while its role holds it
     assert uses["reprefill"] > 0 or not any(m.reprefill_s for rt in sim.roles.values() for m in rt.migrations)
     # shifting by phase: it adds up to shifting, and each phase is what the event record's shift_phase events charged
-    by_phase: dict[str, float] = {}
-    for e in sim.events.events:
-        if e["kind"] == "shift_phase":
-            name = f"{e['role']} {e['direction']}"
-            by_phase[name] = by_phase.get(name, 0.0) + e["seconds"]
+    by_phase = {name: p["seconds"] for name, p in replay(list(sim.events.events)).shift_phases.items()}
     assert set(result.shift_device_s_by_phase) == set(by_phase)
     assert all(result.shift_device_s_by_phase[n] == pytest.approx(s, rel=1e-9) for n, s in by_phase.items())
     assert sum(result.shift_device_s_by_phase.values()) == pytest.approx(uses["shifting"], rel=1e-9, abs=1e-9)
