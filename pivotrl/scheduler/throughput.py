@@ -114,7 +114,9 @@ class ThroughputModel:
         samples that span both sides of the kink are recovered exactly. When every sample sits on one
         side, the unobservable constant is placed at the edge of the data (kink at the smallest or
         largest observed ``num_seqs``; with only memory-bound samples B + D is reported as B) and the
-        fit says nothing beyond the data.
+        fit says nothing beyond the data. A fit with no per-iteration constant (B + D = C = 0: the KV
+        term alone explained samples of one batch size) is no model; when every split gives one, the
+        fit is made again without the KV term (A = 0).
         """
         data = np.asarray([tuple(s) for s in samples], dtype=np.float64)
         if data.ndim != 2 or data.shape[1] != 3:
@@ -124,24 +126,9 @@ class ThroughputModel:
         if not np.all(np.isfinite(data)) or np.any(data[:, 1] <= 0) or np.any(data[:, 2] <= 0):
             raise ValueError("ThroughputModel.fit: samples need finite values, num_seqs > 0 and latency_s > 0")
         tokens, seqs, lat = data[:, 0], data[:, 1], data[:, 2]
-        levels = np.unique(seqs)
-        tol = 1e-9 * float(np.median(lat))
-        fits: list[tuple[bool, float, int, np.ndarray]] = []
-        for k in range(len(levels) + 1):
-            left = seqs <= (levels[k - 1] if k > 0 else -np.inf)
-            params, residual = _nnls_split(tokens, seqs, lat, left)
-            params = _fill_unobserved(params, levels, k)
-            lo = levels[k - 1] if k > 0 else 0.0
-            hi = levels[k] if k < len(levels) else np.inf
-            with np.errstate(invalid="ignore"):  # 0·inf (no kink above the last level) reads as inconsistent
-                consistent = params[2] * lo <= params[1] + tol and params[1] <= params[2] * hi + tol
-            fits.append((consistent, residual, k, params))
-            if not consistent and 0 < k < len(levels):
-                # noise put this split's kink outside it: its best consistent model has the kink on an edge of
-                # the split (a convex problem whose free optimum is infeasible), so both edges are candidates
-                for edge in (lo, hi):
-                    edge_params, edge_residual = _nnls_kink_at(tokens, seqs, lat, left, edge)
-                    fits.append((True, edge_residual, k, edge_params))
+        fits = [f for f in _split_fits(tokens, seqs, lat) if _is_model(f[3])]
+        if not fits:  # A·tokens alone explained every sample (one batch size, growing KV): a model needs a constant
+            fits = _split_fits(np.zeros_like(tokens), seqs, lat)
         pool = [f for f in fits if f[0]] or fits
         floor = min(f[1] for f in pool)
         # among equally good splits (degenerate data), put the kink as far right as the data allows
@@ -180,6 +167,35 @@ class ThroughputModel:
         C = 2.0 * model.num_active_params / tp / flops
         D = device.step_overhead_s + (2 * model.num_layers * device.allreduce_latency_s if tp > 1 else 0.0)
         return cls(A=A, B=B, C=C, D=D)
+
+
+def _split_fits(tokens: np.ndarray, seqs: np.ndarray, lat: np.ndarray) -> list[tuple[bool, float, int, np.ndarray]]:
+    """Per split of the batch sizes: (kink inside the split, relative residual, split index, (A, B, C, D))."""
+    levels = np.unique(seqs)
+    tol = 1e-9 * float(np.median(lat))
+    fits: list[tuple[bool, float, int, np.ndarray]] = []
+    for k in range(len(levels) + 1):
+        left = seqs <= (levels[k - 1] if k > 0 else -np.inf)
+        params, residual = _nnls_split(tokens, seqs, lat, left)
+        params = _fill_unobserved(params, levels, k)
+        lo = levels[k - 1] if k > 0 else 0.0
+        hi = levels[k] if k < len(levels) else np.inf
+        with np.errstate(invalid="ignore"):  # 0·inf (no kink above the last level) reads as inconsistent
+            consistent = params[2] * lo <= params[1] + tol and params[1] <= params[2] * hi + tol
+        fits.append((consistent, residual, k, params))
+        if not consistent and 0 < k < len(levels):
+            # noise put this split's kink outside it: its best consistent model has the kink on an edge of
+            # the split (a convex problem whose free optimum is infeasible), so both edges are candidates
+            for edge in (lo, hi):
+                edge_params, edge_residual = _nnls_kink_at(tokens, seqs, lat, left, edge)
+                fits.append((True, edge_residual, k, edge_params))
+    return fits
+
+
+def _is_model(params: np.ndarray) -> bool:
+    """(A, B, C, D) with a per-iteration cost (``ThroughputModel``'s validation)."""
+    _, B, C, D = params
+    return bool(B + D > 0 or C > 0)
 
 
 def _nnls_split(tokens: np.ndarray, seqs: np.ndarray, lat: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, float]:

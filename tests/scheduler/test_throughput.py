@@ -80,6 +80,19 @@ def test_fit_one_sided_data_places_kink_at_edge() -> None:
     assert fitted.B / fitted.C == pytest.approx(64, rel=1e-6)
 
 
+@given(per_token_s=st.floats(1e-7, 1e-4), first=st.integers(1, 10_000), num_seqs=st.integers(1, 64),
+       count=st.integers(4, 40))
+def test_fit_of_one_batch_size_explained_by_kv_alone_is_still_a_model(per_token_s: float, first: int, num_seqs: int,
+                                                                       count: int) -> None:
+    # latency exactly proportional to the KV tokens at one batch size: A alone fits it, but a model needs a
+    # per-iteration cost; the fit gives one and stays within the samples' own spread
+    samples = [(first + i * num_seqs, num_seqs, per_token_s * (first + i * num_seqs)) for i in range(count)]
+    model = ThroughputModel.fit(samples)
+    lats = [lat for _, _, lat in samples]
+    assert model.B + model.D > 0 or model.C > 0
+    assert all(min(lats) * (1 - 1e-6) <= model.latency(t, n) <= max(lats) * (1 + 1e-6) for t, n, _ in samples)
+
+
 @pytest.mark.parametrize("samples", [[], [(1, 1, 0.1)] * 3, [(1, 0, 0.1)] * 5, [(1, 1)] * 5])
 def test_fit_rejects_bad_samples(samples: list) -> None:
     with pytest.raises(ValueError, match="ThroughputModel.fit"):
