@@ -220,7 +220,7 @@ class RRColocated(_AsyncTraining):
         self._to_rollout(cp)  # (a switch happens only once a step can be released: no step waits here)
 
     def _to_rollout(self, cp: ControlPlane) -> None:
-        if self.phase == "idle" and cp.ledger.can_release():
+        if self.phase == "idle" and cp.may_release():
             self.phase = "rollout"
             cp.when_up("reward", lambda: self._switch(cp))
 

@@ -9,7 +9,7 @@ drives real engines.
 
 Events (called by backends): ``replicas_up``, ``sequence_finished``, ``training_started``,
 ``trained``, ``training_released``, ``published``.
-Commands (called by deployments and the executor): ``release_next``/``release_all``,
+Commands (called by deployments and the executor): ``may_release``, ``release_next``/``release_all``,
 ``start_replicas``, ``stop_replicas``/``stop_role``, ``train``, ``end_training``.
 
 The plane also makes the decisions every backend must make alike: the ledger it builds (under
@@ -75,6 +75,7 @@ class ControlPlane:
         # its end): the run's own account, which the event record's replay must reproduce
         self._held_s: dict[str, float] = {"rollout": 0.0, "reward": 0.0, "training": 0.0}
         self._holding: dict[int, tuple[str, float, int]] = {}  # replica id -> (role, since, devices)
+        self._held_spans: list[tuple[str, float, float, int]] = []  # closed holdings: (role, from, to, devices)
         self._training_since: float | None = None
         self.finished_s: float | None = None  # when the last step's version was published (the run's end)
 
@@ -106,6 +107,23 @@ class ControlPlane:
             out["training"] += (now - self._training_since) * len(self._training_devices)
         return out
 
+    def held_spans(self, until: float | None = None) -> list[tuple[str, float, float, int]]:
+        """Every holding until ``until`` (default: now), closed or still open: ``(role, from_s, to_s, devices)``;
+        their device-seconds per role are ``held_device_seconds(until)``."""
+        now = self.now if until is None else until
+        out = list(self._held_spans)
+        out += [(role, since, now, n) for role, since, n in self._holding.values()]
+        if self._training_since is not None:
+            out.append(("training", self._training_since, now, len(self._training_devices)))
+        return out
+
+    def staleness_windows(self, until: float | None = None) -> list[tuple[float, float]]:
+        """``staleness_waits`` and, while the bound holds the next step back now, the wait still open (to
+        ``until``, default now)."""
+        now = self.now if until is None else until
+        open_wait = [] if self._held_since is None or self._held_since >= now else [(self._held_since, now)]
+        return [*self.staleness_waits, *open_wait]
+
     def devices_by_role(self) -> dict[str, int]:
         out = {role: len(d.device_ids()) for role, d in self.drivers.items()}
         out["training"] = self.deployment.training_devices_in_use(self)
@@ -132,13 +150,22 @@ class ControlPlane:
     def new_replica_id(self) -> int:
         return next(self._replica_ids)
 
+    def may_release(self) -> bool:
+        """Whether the staleness bound lets the next step go now. A deployment asks here (not the ledger) when it
+        wants to release: while the bound holds a step back, the wait is on record (``staleness_waits``) from the
+        first refusal until the release that ends it."""
+        ledger = self.ledger
+        if ledger.can_release():
+            return True
+        if ledger.released < ledger.num_steps and self._held_since is None:
+            self._held_since = self.now  # the bound holds the next step back until a version is published
+        return False
+
     def release_next(self) -> bool:
         """Submit the next step's rollouts if the staleness bound allows; True if released."""
-        ledger = self.ledger
-        if not ledger.can_release():
-            if ledger.released < ledger.num_steps and self._held_since is None:
-                self._held_since = self.now  # the bound holds the next step back until a version is published
+        if not self.may_release():
             return False
+        ledger = self.ledger
         step = ledger.release()
         if self._held_since is not None:
             now = self.now
@@ -194,6 +221,7 @@ class ControlPlane:
                                     devices=list(rep.device_ids))
                 _, since, n = self._holding.pop(rep.replica_id)
                 self._held_s[role] += (now - since) * n
+                self._held_spans.append((role, since, now, n))
             self.backend.stop_replicas(role, emptied)
 
     def stop_role(self, role: InferenceRole) -> None:
@@ -283,6 +311,7 @@ class ControlPlane:
         self.events.emit_at(now, "trained", step=step)
         if self._training_since is not None:
             self._held_s["training"] += (now - self._training_since) * len(self._training_devices)
+            self._held_spans.append(("training", self._training_since, now, len(self._training_devices)))
             self._training_since = None
         self.deployment.on_trained(self, step)
 

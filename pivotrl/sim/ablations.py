@@ -74,7 +74,7 @@ def _device_shares(r: SimResult | None) -> dict[str, float]:
     u, total = (r.device_s_by_use, r.num_devices * r.finished_s) if r else ({}, 1.0)
     return {"reprefill_pct": 100 * u.get("reprefill", 0.0) / total,
             "training_pct": 100 * u.get("training", 0.0) / total,
-            "idle_held_pct": 100 * (u.get("idle", 0.0) + u.get("held_without_work", 0.0)) / total}
+            "idle_held_pct": 100 * sum(u.get(k, 0.0) for k in ("idle", "held_without_work", "staleness_stall")) / total}
 
 
 def fig14(args: argparse.Namespace) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class Simulator:
         self.events = EventLog(self.now, enabled=cfg.record_events)
         # device-seconds of shift phases (and weight reloads of live rollout replicas), by "<role> <direction>"
         self.shift_device_s_by_phase: dict[str, float] = {}
+        self.shift_spans: list[tuple[float, float, int]] = []  # each shift phase: (from_s, to_s, devices)
         rng = np.random.default_rng([cfg.seed, 0x5111])
         sigma = self.hw.noise_sigma
         self.roles: dict[str, SimRole] = {}
@@ -264,6 +265,7 @@ class Simulator:
         seconds = sum(parts.values())
         phase = f"{role} {direction}"
         self.shift_device_s_by_phase[phase] = self.shift_device_s_by_phase.get(phase, 0.0) + seconds * len(devices)
+        self.shift_spans.append((start, start + seconds, len(devices)))
         if self.events.enabled:
             for d in devices:
                 self.events.emit_at(start + seconds, "shift_phase", device=d, role=role, direction=direction,

@@ -106,9 +106,10 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
             + [x for n, t in g["options_tps"].items()
                for x in (round(t), t / max(g["tps"][k] for k in KINDS[:3]), t / g["fluid_bound"])] for g in groups])
     print("\nwhere each best run's device time went (% of devices x run time; bound work: the fluid bound's "
-          "device-seconds of useful work, the least any run can spend):")
+          "device-seconds of useful work, the least any run can spend; staleness stall: idle or held without work "
+          "while the staleness bound held the next step back, not in the two columns before it):")
     uses = ("decode_rollout", "decode_reward", "prefill", "reprefill", "training", "shifting", "held_without_work",
-            "idle")
+            "idle", "staleness_stall")
     table(["group", "deployment", "device-h", "bound work %"] + [u.replace("_", " ") + " %" for u in uses],
            [[g["name"], k, f"{v['device_s'] / 3600:.1f}", f"{100 * v['bound_work_device_s'] / v['device_s']:.1f}"]
             + [f"{100 * v[u] / v['device_s']:.1f}" for u in uses] for g in groups for k, v in g["loss"].items()])

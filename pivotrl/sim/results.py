@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pivotrl.planner.benefit import overall_throughput  # Eq. 1, defined once
 
 if TYPE_CHECKING:
     from pivotrl.sim.engine import Simulator
     from pivotrl.sim.roles import MigrationRecord
 
-__all__ = ["TimelinePoint", "SimResult", "overall_throughput"]
+__all__ = ["TimelinePoint", "SimResult", "overall_throughput", "device_s_within"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,8 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
     finished_s: float = 0.0  # when the last trained version was published (the runtime's end of a run)
     # devices x finished_s split by use (device-seconds): decode iterations per role, prefills, re-prefills of
-    # migrated sequences, training, shift phases, replicas held without an iteration to run, devices no role held
+    # migrated sequences, training, shift phases, replicas held without an iteration to run, devices no role held,
+    # and (out of those last two) what was left so while the staleness bound held the next step back
     device_s_by_use: dict[str, float] = field(default_factory=dict)
     step_tokens: tuple[int, ...] = ()  # tokens rollout and GenRM generated for each step (they add up to generated_tokens)
     # device_s_by_use's shifting split by shift phase, "<role> <direction>" (as the event record's shift_phase names it)
@@ -125,7 +128,9 @@ class SimResult:
 
 def _device_s_by_use(sim: "Simulator", end: float, held: dict[str, float]) -> dict[str, float]:
     """Where every device-second of a finished run went until ``end`` (the uses add up to devices x end); ``held``:
-    the roles' holding time until then."""
+    the roles' holding time until then. ``staleness_stall``: the device-seconds left idle or held without work while
+    the staleness bound held the next step back (``ControlPlane.staleness_windows``), taken out of ``idle`` and
+    ``held_without_work``, which keep the rest."""
     ro, rm = sim.roles["rollout"], sim.roles["reward"]
     reprefill = ro.reprefill_device_s + rm.reprefill_device_s
     out = {"decode_rollout": ro.decode_device_s, "decode_reward": rm.decode_device_s,
@@ -134,5 +139,35 @@ def _device_s_by_use(sim: "Simulator", end: float, held: dict[str, float]) -> di
     out["held_without_work"] = max(held["rollout"] + held["reward"] - sum(out[k] for k in (
         "decode_rollout", "decode_reward", "prefill", "reprefill")), 0.0)
     out["idle"] = max(sim.cfg.scenario.num_devices * end - sum(held.values()) - out["shifting"], 0.0)
+    held_stall, idle_stall = _staleness_stall(sim, end)
+    held_stall, idle_stall = min(held_stall, out["held_without_work"]), min(idle_stall, out["idle"])
+    out["held_without_work"] -= held_stall
+    out["idle"] -= idle_stall
+    out["staleness_stall"] = held_stall + idle_stall
     return out
 
+
+def _staleness_stall(sim: "Simulator", end: float) -> tuple[float, float]:
+    """(held without work, idle) device-seconds inside the staleness waits until ``end``."""
+    windows = [(a, min(b, end)) for a, b in sim.plane.staleness_windows(until=end) if a < end]
+    if not windows:
+        return 0.0, 0.0
+    spans = sim.plane.held_spans(until=end)
+    inference = [(a, b, n) for role, a, b, n in spans if role != "training"]
+    busy = [s for role in sim.roles.values() for s in role.busy_spans]
+    held_stall = device_s_within(inference, windows) - device_s_within(busy, windows)
+    every = device_s_within([(a, b, n) for _, a, b, n in spans], windows)
+    idle_stall = sum(b - a for a, b in windows) * sim.cfg.scenario.num_devices - every \
+        - device_s_within(sim.shift_spans, windows)
+    return max(held_stall, 0.0), max(idle_stall, 0.0)
+
+
+def device_s_within(spans: list[tuple[float, float, int]], windows: list[tuple[float, float]]) -> float:
+    """Device-seconds of ``spans`` (from_s, to_s, devices) that fall inside ``windows`` (from_s, to_s; disjoint)."""
+    if not spans or not windows:
+        return 0.0
+    s = np.asarray(spans, dtype=float)
+    total = 0.0
+    for a, b in windows:
+        total += float((np.clip(np.minimum(s[:, 1], b) - np.maximum(s[:, 0], a), 0.0, None) * s[:, 2]).sum())
+    return total

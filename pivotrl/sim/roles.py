@@ -109,6 +109,8 @@ class SimRole:
         # device-seconds of the role's replicas: decode iterations, prefills (first and after a migration), and the
         # part of those prefills that re-computed a migrated sequence
         self.decode_device_s = self.prefill_device_s = self.reprefill_device_s = 0.0
+        # when those device-seconds were spent: (from_s, to_s, devices) of every decode segment and prefill
+        self.busy_spans: list[tuple[float, float, int]] = []
         self._aborted: dict[int, tuple[float, float]] = {}  # seq_id -> (abort time, abort latency)
         self._seed, self._sigma = seed, sigma
         self._lengths, self._now, self._schedule, self._on_finished = lengths, now, schedule, on_finished
@@ -203,6 +205,7 @@ class SimRole:
             load_s = (prompt + generated) * cost.load_s_per_token
         prefill = rep.join(seq_id, prompt, generated, response, now, load_s)
         self.prefill_device_s += prefill * self.tp
+        self.busy_spans.append((rep.clock - prefill, rep.clock, self.tp))
         aborted = self._aborted.pop(seq_id, None)
         if aborted is not None:
             at, abort_s = aborted
@@ -248,6 +251,7 @@ class SimRole:
             m, finished = rep.sync(now, to_completion)
             if m:
                 self.decode_device_s += (rep.clock - start) * self.tp
+                self.busy_spans.append((start, rep.clock, self.tp))
                 driver.advance(rep.replica_id, m)
                 if events.enabled:
                     self._report(rep, start, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))
