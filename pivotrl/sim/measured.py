@@ -10,7 +10,8 @@ the same run: the same deployment and control, the same sequences, and a cluster
   the belief the planner gets; decode only (prefills are folded into the reports left out of the fit, see
   ``MeasuredHardware.prefill_s_per_token``);
 * **shifts**: the median measured seconds of each ``<role> <direction>`` phase (``shift_phase`` records), with the
-  run's own parts (weights, KV cache, optimizer states);
+  run's own parts (weights, KV cache, optimizer states); an inference role's shift up also waits the median delay
+  from a new replica's readiness to its first engine step (``first_step_s``, see ``_first_step_s``);
 * **training**: seconds = a + b · tokens, non-negative least squares over the run's steps (``training_start`` to
   ``trained``, less the step's training shift up when it had one), scaled by devices as 1/n beyond the run's own
   training set; or, pooled over runs on different training sets (``pooled``), seconds per token at each measured
@@ -162,10 +163,13 @@ def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
     Samples: the clean decode reports (no join, no finish: ``decode_sample``); one of a replica that was decoding
     since its previous report is timed from that report to this one, so what a device spends per iteration outside
     the engine's own step (the emulated device's pacing, the worker's messages and log-probs) is in it; one after
-    an idle spell, by the engine's own step time; one across a weight reload is left out. Then scaled
-    by the samples' mean ratio of measured to fitted time (the fit's relative least squares sits near the median
-    of right-skewed noise, and the simulator wants the mean)."""
-    rows = []
+    an idle spell, by the engine's own step time; one across a weight reload is left out. Then scaled so that the
+    samples' iterations take as long in all as they measured (the fit's relative least squares sits near the median
+    of right-skewed noise, and the simulator wants the total). The scale is a ratio of sums over iterations, not a
+    mean of per-report ratios: a report of one iteration whose wall-clock interval caught a pause of the worker
+    reads up to 20x its engine time, and averaging such reports as equals with reports of ten iterations made the
+    fitted engine 1.5-3x slower than the run's own iterations (2026-12-05, the fidelity runs)."""
+    rows, weights = [], []  # (tokens, seqs, seconds per iteration); the iterations each row stands for
     previous: dict[Any, dict[str, Any]] = {}
     devices: dict[Any, list[int]] = {}
     reloads: dict[int, list[tuple[float, float]]] = {}  # device -> new weights loaded into its live engine (from, to)
@@ -187,11 +191,15 @@ def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
         elif not any(lo < e["t"] and hi > before["t"] for d in devices.get(e["replica"], ())
                      for lo, hi in reloads.get(d, ())):  # (a weight reload paused it: a cost of its own)
             rows.append((s.num_tokens, s.num_seqs, max(e["t"] - before["t"], e["seconds"]) / e["steps"]))
+        else:
+            continue
+        weights.append(e["steps"])
     if len(rows) < 4:
         raise MeasurementError(f"{role}: {len(rows)} clean decode reports in the event record, need >= 4 to fit "
                                f"its engine model")
     fit = ThroughputModel.fit(rows)
-    ratio = float(np.mean([lat / fit.latency(t, n) for t, n, lat in rows]))
+    measured = sum(w * lat for w, (_, _, lat) in zip(weights, rows))
+    ratio = measured / sum(w * fit.latency(t, n) for w, (t, n, _) in zip(weights, rows))
     return ThroughputModel(A=fit.A * ratio, B=fit.B * ratio, C=fit.C * ratio, D=fit.D * ratio)
 
 
@@ -222,6 +230,30 @@ def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             parts["other_s"] = rest
         out[key] = {k: max(0.0, v) for k, v in parts.items()}
     return out
+
+
+def _first_step_s(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Per inference role, the median seconds from a shifted-up replica's readiness (its ``replica_up``, or its first
+    dispatch when that came later) to the start of its first engine step that generated tokens (the report's time
+    less its own engine seconds). The shift report ends before that step, so what the worker and the engine do
+    before a new replica's first step is in no phase: in the runs of 2026-12-05 a median 0.27 s (4 devices) and
+    0.67 s (8 devices) for each GenRM replica of colocated's stage switch, where every device starts one at once,
+    and 20-110 ms for the shiftable runs' replicas. It is charged as the ``first_step_s`` part of the role's shift
+    up. Replicas of the initial placement are left out (their start-up warms them)."""
+    initial = {e["replica"] for e in events if e["kind"] == "replica_start" and e.get("initial")}
+    ready: dict[Any, tuple[str, float, bool]] = {}  # replica -> (role, ready at, a sequence was dispatched to it)
+    gaps: dict[str, list[float]] = {}
+    for e in events:
+        kind, rid = e["kind"], e.get("replica")
+        if kind == "replica_up" and rid not in initial:
+            ready[rid] = (e["role"], e["t"], False)
+        elif kind == "dispatch" and rid in ready and not ready[rid][2]:
+            role, t, _ = ready[rid]
+            ready[rid] = (role, max(t, e["t"]), True)
+        elif kind == "tokens" and rid in ready and e["tokens"] > 0:
+            role, t, _ = ready.pop(rid)
+            gaps.setdefault(role, []).append(e["t"] - e["seconds"] - t)
+    return {role: max(0.0, statistics.median(g)) for role, g in gaps.items()}
 
 
 def _load(folder: Path, name: str) -> Any:
@@ -267,6 +299,10 @@ def measure_run(folder: Path | str) -> MeasuredRun:
     dep = DeploymentConfig(**cfg["deployment"])
     training_devices = num_devices if dep.kind == "colocated" else dep.training_devices
     phases = _phases(events)
+    for role, seconds in _first_step_s(events).items():
+        if seconds > 0:
+            parts = phases.setdefault(f"{role} up", {})
+            parts["first_step_s"] = parts.get("first_step_s", 0.0) + seconds
     # the runtime marks a training start when it asks the training set, which then shifts up if it must; the
     # simulator marks it once the shift up is done
     up_s = sum(phases.get("training up", {}).values()) if run["backend"] == "runtime" else 0.0

@@ -15,7 +15,8 @@ from pivotrl.control.beliefs import decode_sample
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim import SimConfig
 from pivotrl.sim.engine import Simulator
-from pivotrl.sim.measured import MeasuredHardware, MeasuredRun, MeasurementError, fit_training, measure_run, pooled
+from pivotrl.sim.measured import (MeasuredHardware, MeasuredRun, MeasurementError, fit_engine, fit_training,
+                                  measure_run, pooled)
 from pivotrl.sim.runner import make_deployment
 from simcases import DEPLOYMENTS, tiny_scenario
 
@@ -91,6 +92,34 @@ def test_a_simulated_run_measured_from_its_own_record_simulates_back_to_itself(k
     assert run.measured_tps == pytest.approx(again.generated_tokens / again.finished_s, rel=tol)
 
 
+def test_a_delay_before_a_new_replicas_first_step_is_measured_and_charged(tmp_path: Path) -> None:
+    """A record whose shift reports end ``delay`` seconds before each new GenRM replica can run (the runtime's
+    reports do not cover what happens before the first engine step): built from a simulated run where that delay is
+    a part of the reward shift up, by taking the part out of the phases and reporting the replicas up that much
+    earlier. Measured, the delay comes back as the phase's ``first_step_s``, and the run simulates back to itself."""
+    delay = 0.3
+    phases = {**SOURCE.phases, "reward up": {**SOURCE.phases["reward up"], "first_step_s": delay}}
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=3), deployment=DEPLOYMENTS["colocated"], record_events=True)
+    source = Simulator(cfg, make_deployment(cfg), hardware=dataclasses.replace(SOURCE, phases=phases))
+    source.run()
+    initial = {e["replica"] for e in source.events.events if e["kind"] == "replica_start" and e.get("initial")}
+    up = {e["replica"]: e["t"] for e in source.events.events
+          if e["kind"] == "replica_up" and e["role"] == "reward" and e["replica"] not in initial}
+    assert up
+    for e in source.events.events:
+        if e["kind"] == "shift_phase" and e["role"] == "reward" and e["direction"] == "up":
+            e["parts"] = {k: v for k, v in e["parts"].items() if k != "first_step_s"}
+            e["seconds"] -= delay
+            e["t"] -= delay
+        elif e["kind"] in ("replica_up", "dispatch") and up.get(e.get("replica")) == e["t"]:
+            e["t"] -= delay  # up, and given its sequences, that much before it could run them
+    run = measure_run(_as_run_folder(source, tmp_path / "delayed"))
+    assert run.hardware.phases["reward up"]["first_step_s"] == pytest.approx(delay, rel=1e-6)
+    assert "first_step_s" not in run.hardware.phases.get("rollout up", {})
+    again = run.simulate()
+    assert again.finished_s == pytest.approx(source.plane.finished_s, rel=1e-6)
+
+
 @settings(max_examples=50, deadline=None)
 @given(a=st.floats(0, 5), b=st.floats(1e-6, 1e-2),
        tokens=st.lists(st.integers(100, 100_000), min_size=2, max_size=10, unique=True))
@@ -149,3 +178,35 @@ def test_pooled_training_passes_through_each_measured_size_and_never_slows_with_
     times = [hw.training_s(10_000, n) for n in range(1, 17)]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))  # more devices never train slower
     assert all(times[n - 1] * n >= times[0] * (1 - 1e-9) for n in range(1, 17))  # nor faster than linearly
+
+
+def _tokens(t: float, running: int, steps: int, seconds: float, kv: int) -> dict[str, object]:
+    return {"kind": "tokens", "t": t, "role": "rollout", "replica": 0, "tokens": running * steps, "seconds": seconds,
+            "kv": kv, "running": running, "steps": steps, "finished": 0}
+
+
+@settings(max_examples=40, deadline=None)
+@given(pauses=st.lists(st.floats(0.0, 0.5), min_size=6, max_size=30), running=st.integers(1, 40))
+def test_the_engine_fit_spends_the_measured_iterations_total_time(pauses: list[float], running: int) -> None:
+    """Reports of ten iterations at the engine's pace alternate with reports of one iteration whose wall-clock
+    interval caught a pause of the worker: the fitted engine, run over the same iterations, takes as long in all as
+    they measured (a mean of per-report ratios would weigh each paused iteration like ten paced ones)."""
+    engine = ThroughputModel(A=1e-7, B=2e-3, C=5e-4, D=3e-3)
+    events: list[dict[str, object]] = []
+    t, kv, measured = 0.0, 1000, 0.0
+    for i, pause in enumerate(pauses):
+        steps = 1 if i % 2 else 10
+        kv += running * steps
+        dt = sum(engine.latency(kv - running * (steps - j), running) for j in range(steps)) + (pause if steps == 1 else 0)
+        t += dt
+        engine_s = dt - (pause if steps == 1 else 0)
+        events.append(_tokens(t, running, steps, engine_s, kv))
+        measured += dt if i else engine_s  # the first report is timed by its engine step alone
+    fitted = fit_engine(events, "rollout")
+    predicted = 0.0
+    for e in events:
+        s = decode_sample(kv_used_tokens=e["kv"], num_running_seqs=e["running"], num_new_tokens=e["tokens"],
+                          num_steps=e["steps"], latency_s=e["seconds"], num_finished=0, time_s=e["t"])
+        assert s is not None
+        predicted += e["steps"] * fitted.latency(s.num_tokens, s.num_seqs)
+    assert predicted == pytest.approx(measured, rel=1e-9)
