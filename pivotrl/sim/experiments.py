@@ -77,7 +77,8 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
                    if n not in SCHEDULER_OPTIONS.values()}
         work = fluid.work_s * sc.num_devices
         loss = {k: {"device_s": r.num_devices * r.finished_s, "bound_work_device_s": work, **r.device_s_by_use,
-                    "shifting_by_phase": r.shift_device_s_by_phase} for k, r in runs.items()}
+                    "shifting_by_phase": r.shift_device_s_by_phase,
+                    "decode_above_bound": sum(r.decode_above_bound_device_s.values())} for k, r in runs.items()}
         groups.append({"name": sc.name, "devices": sc.num_devices, "tps": tps, "fluid_bound": bound, "loss": loss,
                        **{f"{n}_tps": t for n, t in fair.items()}, "options_tps": options})
         ref = paper.FIG9_TPS[key]
@@ -107,9 +108,11 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
                for x in (round(t), t / max(g["tps"][k] for k in KINDS[:3]), t / g["fluid_bound"])] for g in groups])
     print("\nwhere each best run's device time went (% of devices x run time; bound work: the fluid bound's "
           "device-seconds of useful work, the least any run can spend; staleness stall: idle or held without work "
-          "while the staleness bound held the next step back, not in the two columns before it):")
-    uses = ("decode_rollout", "decode_reward", "prefill", "reprefill", "training", "shifting", "held_without_work",
-            "idle", "staleness_stall")
+          "while the staleness bound held the next step back, not in the two columns before it; decode above bound: "
+          "of the two decode columns, the device time beyond the bound's compute-bound charge for the same tokens, "
+          "i.e. iterations at small batches (tails) and per-iteration overhead):")
+    uses = ("decode_rollout", "decode_reward", "decode_above_bound", "prefill", "reprefill", "training", "shifting",
+            "held_without_work", "idle", "staleness_stall")
     table(["group", "deployment", "device-h", "bound work %"] + [u.replace("_", " ") + " %" for u in uses],
            [[g["name"], k, f"{v['device_s'] / 3600:.1f}", f"{100 * v['bound_work_device_s'] / v['device_s']:.1f}"]
             + [f"{100 * v[u] / v['device_s']:.1f}" for u in uses] for g in groups for k, v in g["loss"].items()])

@@ -66,6 +66,10 @@ class SimResult:
     step_tokens: tuple[int, ...] = ()  # tokens rollout and GenRM generated for each step (they add up to generated_tokens)
     # device_s_by_use's shifting split by shift phase, "<role> <direction>" (as the event record's shift_phase names it)
     shift_device_s_by_phase: dict[str, float] = field(default_factory=dict)
+    # per inference role, of its decode device-seconds those beyond the fluid bound's charge for the same tokens (each
+    # at the compute-bound rate, tp·(A·context + C)): iterations at batches below the roofline's knee (the tails) and
+    # the per-iteration overhead
+    decode_above_bound_device_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def tps(self) -> float:
@@ -119,6 +123,8 @@ class SimResult:
             step_tokens=tuple(int(sim.workload.response[s].sum() + sim.workload.judgement[s].sum())
                               for s in range(sim.workload.num_steps)),
             shift_device_s_by_phase=dict(sorted(sim.shift_device_s_by_phase.items())),
+            decode_above_bound_device_s={role: rt.decode_device_s - rt.decode_bound_device_s
+                                         for role, rt in sim.roles.items()},
         )
 
     def summary(self) -> dict[str, Any]:

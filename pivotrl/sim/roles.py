@@ -111,6 +111,10 @@ class SimRole:
         self.decode_device_s = self.prefill_device_s = self.reprefill_device_s = 0.0
         # when those device-seconds were spent: (from_s, to_s, devices) of every decode segment and prefill
         self.busy_spans: list[tuple[float, float, int]] = []
+        # what the fluid bound charges the same decode iterations' tokens (``TrueLatency.best_token_cost_s`` each):
+        # decode_device_s above it is spent on iterations' fixed costs beyond the compute-bound rate (small batches
+        # in the tails, the per-iteration overhead) and on noise
+        self.decode_bound_device_s = 0.0
         self._aborted: dict[int, tuple[float, float]] = {}  # seq_id -> (abort time, abort latency)
         self._seed, self._sigma = seed, sigma
         self._lengths, self._now, self._schedule, self._on_finished = lengths, now, schedule, on_finished
@@ -244,14 +248,15 @@ class SimRole:
     def _sync_segments(self, driver: RoleDriver, rep: SimReplica, now: float, to_completion: bool) -> bool:
         any_finished = False
         events = self.events
+        truth = self.truth
         while True:
             start = rep.clock
-            if events.enabled:
-                kv0, running, A, K, f = rep.tokens, rep.num_seqs, rep.truth.A, rep.K, rep.factor
+            kv0, running, A, K, f = rep.tokens, rep.num_seqs, rep.truth.A, rep.K, rep.factor
             m, finished = rep.sync(now, to_completion)
             if m:
                 self.decode_device_s += (rep.clock - start) * self.tp
                 self.busy_spans.append((start, rep.clock, self.tp))
+                self.decode_bound_device_s += self.tp * m * (truth.A * (kv0 + running * (m - 1) / 2) + truth.C * running)
                 driver.advance(rep.replica_id, m)
                 if events.enabled:
                     self._report(rep, start, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))

@@ -1,5 +1,5 @@
-"""The loss breakdown's staleness stall: device time left idle or held without work while the staleness bound held
-the next step back (``SimResult.device_s_by_use["staleness_stall"]``)."""
+"""The loss breakdown beyond the uses of device time: the staleness stall (device time left idle or held without work
+while the staleness bound held the next step back) and decode time above the fluid bound's charge (the tails)."""
 from __future__ import annotations
 
 import dataclasses
@@ -98,3 +98,35 @@ def test_held_spans_add_up_to_the_planes_account() -> None:
     uses = result.device_s_by_use
     assert busy == pytest.approx(sum(uses[k] for k in ("decode_rollout", "decode_reward", "prefill", "reprefill")),
                                  rel=1e-9)
+
+
+def test_decode_above_the_bound_is_each_iterations_fixed_cost_beyond_the_compute_bound_rate() -> None:
+    """Noiseless measured engines: every decode iteration of batch n costs max(B, C·n) + D beyond its KV term, the
+    bound charges C·n of it, so the role's decode time above the bound is the sum, over the record's engine reports,
+    of steps x tp x (max(B, C·n) + D - C·n); with B = D = 0 it is none."""
+    from pivotrl.scheduler import ThroughputModel
+    from pivotrl.sim.measured import MeasuredHardware
+
+    def hardware(B: float, D: float) -> MeasuredHardware:
+        return MeasuredHardware(
+            engines={"rollout": ThroughputModel(A=2e-7, B=B, C=1e-3, D=D),
+                     "reward": ThroughputModel(A=3e-7, B=2 * B, C=2e-3, D=D)},
+            kv_capacity_tokens={"rollout": 200_000, "reward": 100_000},
+            phases={"rollout up": {"parameters_s": 0.3}, "reward up": {"parameters_s": 0.4},
+                    "training up": {"parameters_s": 0.2}, "training down": {"offloadable_s": 0.1}},
+            training_fixed_s=0.3, training_s_per_token=2e-4, training_devices=2, publish_s=0.25)
+
+    for B, D in ((0.0, 0.0), (4e-3, 2e-3)):
+        hw = hardware(B, D)
+        cfg = SimConfig(scenario=tiny_scenario(num_steps=2), deployment=DEPLOYMENTS["pivotrl"], record_events=True)
+        sim = Simulator(cfg, make_deployment(cfg), hardware=hw)
+        result = sim.run()
+        for role, rt in sim.roles.items():
+            m = hw.engines[role]
+            expected = sum(e["steps"] * rt.tp * (max(m.B, m.C * n) + m.D - m.C * n)
+                           for e in result.events if e["kind"] == "tokens" and e["role"] == role
+                           for n in [e["running"] + e["finished"]])
+            assert result.decode_above_bound_device_s[role] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+            assert result.decode_above_bound_device_s[role] >= -1e-9
+        if B == D == 0.0:
+            assert all(abs(v) < 1e-9 for v in result.decode_above_bound_device_s.values())
