@@ -36,7 +36,7 @@ def _measure_e2e(args: argparse.Namespace) -> Path:
         raise SystemExit(f"fidelity: {script} not found; measure the runs with it elsewhere and pass --runs DIR")
     keep = args.out / "fidelity-runs"
     cmd = [sys.executable, str(script), "--tuned", "--devices", *map(str, args.devices), "--keep", str(keep),
-           "--allocations", *args.allocations, "--", "run.write_sequences=true"]
+           "--repeats", str(args.repeats), "--allocations", *args.allocations, "--", "run.write_sequences=true"]
     print("measuring:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     return keep
@@ -44,40 +44,55 @@ def _measure_e2e(args: argparse.Namespace) -> Path:
 
 def fidelity(args: argparse.Namespace) -> dict[str, Any]:
     """The simulator configured from each real run's own measurements (``pivotrl.sim.measured``) against the run:
-    per run its measured and simulated tok/s, and per device count each deployment's tok/s over PivotRL's
+    per row (a device count, a deployment and its allocation) its measured and simulated tok/s, each the median over
+    the row's runs (``--repeats``: several runs of it), and per device count each deployment's tok/s over PivotRL's
     (``pivotrl`` runs; else the first shifting one), measured against simulated."""
+    import statistics
+
     from pivotrl.sim.measured import measure_run
 
     root = args.runs if args.runs is not None else _measure_e2e(args)
-    rows, measured = [], []
+    measured, by_row = [], {}
     for folder in _run_folders(root):
         run = measure_run(folder)
         measured.append(run)
         sim = run.simulate()
-        dep = run.config.deployment
-        rows.append({"deployment": dep.name, "allocation": allocation_label(dep), "devices": run.config.scenario.num_devices,
-                     "measured_tps": run.measured_tps, "simulated_tps": sim.generated_tokens / sim.finished_s,
-                     "measured_s": run.measured_s, "simulated_s": sim.finished_s, "folder": str(folder)})
+        by_row.setdefault(_row_key(run), []).append((run, sim.generated_tokens / sim.finished_s, sim.finished_s))
+    rows = []
+    for (n, name, alloc), runs in by_row.items():
+        rows.append({"deployment": name, "allocation": alloc, "devices": n, "runs": len(runs),
+                     "measured_tps": statistics.median(r.measured_tps for r, _, _ in runs),
+                     "simulated_tps": statistics.median(tps for _, tps, _ in runs),
+                     "measured_s": statistics.median(r.measured_s for r, _, _ in runs),
+                     "simulated_s": statistics.median(s for _, _, s in runs),
+                     "folders": [str(r.folder) for r, _, _ in runs]})
     worst = 0.0
     for n in sorted({r["devices"] for r in rows}):
-        group = [r for r in rows if r["devices"] == n]
-        ref = rows[measured.index(_reference([m for m in measured if m.config.scenario.num_devices == n]))]
-        for r in group:
+        ref_key = _row_key(_reference([m for m in measured if m.config.scenario.num_devices == n]))
+        ref = next(r for r in rows if (r["devices"], r["deployment"], r["allocation"]) == ref_key)
+        for r in (r for r in rows if r["devices"] == n):
             r["measured_ratio"] = r["measured_tps"] / ref["measured_tps"]
             r["simulated_ratio"] = r["simulated_tps"] / ref["simulated_tps"]
             r["ratio_error"] = r["simulated_ratio"] / r["measured_ratio"] - 1.0
             worst = max(worst, abs(r["ratio_error"]))
-    table(["devices", "deployment", "allocation", "measured tok/s", "simulated tok/s", "sim/measured",
+    table(["devices", "deployment", "allocation", "runs", "measured tok/s", "simulated tok/s", "sim/measured",
             "measured ratio", "simulated ratio", "ratio error"],
-           [[r["devices"], r["deployment"], r["allocation"], f"{r['measured_tps']:.1f}", f"{r['simulated_tps']:.1f}",
-             f"{r['simulated_tps'] / r['measured_tps']:.2f}", f"{r['measured_ratio']:.3f}",
+           [[r["devices"], r["deployment"], r["allocation"], r["runs"], f"{r['measured_tps']:.1f}",
+             f"{r['simulated_tps']:.1f}", f"{r['simulated_tps'] / r['measured_tps']:.2f}", f"{r['measured_ratio']:.3f}",
              f"{r['simulated_ratio']:.3f}", f"{100 * r['ratio_error']:+.1f}%"] for r in rows])
-    print(f"max ratio error {100 * worst:.1f}% (ratio: a deployment's tok/s over PivotRL's at the same device count)")
+    print(f"max ratio error {100 * worst:.1f}% (ratio: a deployment's tok/s over PivotRL's at the same device count; "
+          f"each tok/s the median of its row's runs)")
     sweep = _calibrated_sweep(measured)
     plots.bars([f"{r['devices']} {r['deployment']} {r['allocation']}" for r in rows],
                {"measured": [r["measured_tps"] for r in rows], "simulated": [r["simulated_tps"] for r in rows]},
                args.out / "fidelity.png", "tok/s", "The simulator against the real runs")
     return {"rows": rows, "max_ratio_error": worst, "calibrated_sweep": sweep}
+
+
+def _row_key(run: Any) -> tuple[int, str, str]:
+    """(devices, deployment, allocation) of a measured run: runs with the same key are repeats of one row."""
+    dep = run.config.deployment
+    return run.config.scenario.num_devices, dep.name, allocation_label(dep)
 
 
 def _reference(runs: list[Any]) -> Any:

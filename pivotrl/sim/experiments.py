@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")
+    parser.add_argument("--repeats", type=int, default=1, help="fidelity: real runs of each allocation (in rounds); "
+                        "a row's measured and simulated tok/s are the medians over its runs")
     parser.add_argument("--evaluations", type=int, default=60, help="calibrate: most objective evaluations "
                         "(each simulates the twelve baseline bars)")
     parser.add_argument("--warmup-steps", type=int, default=2, help="calibrate: steps of each run not counted "
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     args.out.mkdir(parents=True, exist_ok=True)
     before = {p: p.stat().st_mtime_ns for p in args.out.glob("*.png")}
     data = EXPERIMENTS[args.name](args)

@@ -162,6 +162,32 @@ def test_the_fidelity_command_holds_the_simulator_to_run_folders(tmp_path: Path,
     assert sweep["pivotrl_over_best_static"] == pytest.approx(sweep["deployments"]["pivotrl"]["tps"] / static)
 
 
+def test_fidelity_takes_a_rows_repeated_runs_by_their_median(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Three runs of PivotRL (one measured 20 % faster, one 10 % slower than its record says) and one of
+    disaggregated: two rows, PivotRL's tok/s the median of its three, the ratios taken against it."""
+    from pivotrl.sim.experiments import main
+
+    pivotrl = _source("pivotrl")
+    for name, scale in (("a", 1.0), ("b", 1.2), ("c", 0.9)):
+        folder = _as_run_folder(pivotrl, tmp_path / "runs" / f"pivotrl-{name}")
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["tps"] *= scale
+        (folder / "summary.json").write_text(json.dumps(summary))
+    _as_run_folder(_source("disaggregated"), tmp_path / "runs" / "disaggregated")
+    data = main(["fidelity", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--json"])
+    rows = {r["deployment"]: r for r in data["rows"]}
+    assert len(data["rows"]) == 2 and rows["pivotrl"]["runs"] == 3 and rows["disaggregated"]["runs"] == 1
+    single = pivotrl.workload.generated_tokens() / pivotrl.plane.finished_s
+    assert rows["pivotrl"]["measured_tps"] == pytest.approx(single)  # the median of 0.9, 1.0 and 1.2 times it
+    assert rows["pivotrl"]["simulated_tps"] == pytest.approx(single, rel=0.05)
+    assert rows["disaggregated"]["measured_ratio"] == pytest.approx(
+        rows["disaggregated"]["measured_tps"] / rows["pivotrl"]["measured_tps"])
+    assert len(rows["pivotrl"]["folders"]) == 3
+    with pytest.raises(SystemExit):
+        main(["fidelity", "--runs", str(tmp_path / "runs"), "--repeats", "0"])
+    capsys.readouterr()
+
+
 @settings(max_examples=50, deadline=None)
 @given(sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=4, unique=True),
        rate=st.floats(1e-5, 1e-2), exponent=st.floats(0.0, 1.0))
