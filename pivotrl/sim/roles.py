@@ -256,7 +256,8 @@ class SimRole:
             if m:
                 self.decode_device_s += (rep.clock - start) * self.tp
                 self.busy_spans.append((start, rep.clock, self.tp))
-                self.decode_bound_device_s += self.tp * m * (truth.A * (kv0 + running * (m - 1) / 2) + truth.C * running)
+                kv_mean = kv0 + running * (m - 1) / 2  # KV tokens of the segment's iterations, on average
+                self.decode_bound_device_s += self.tp * m * (truth.A * kv_mean + truth.C * running)
                 driver.advance(rep.replica_id, m)
                 if events.enabled:
                     self._report(rep, start, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))

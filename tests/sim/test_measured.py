@@ -223,9 +223,10 @@ def test_the_engine_fit_spends_the_measured_iterations_total_time(pauses: list[f
     for i, pause in enumerate(pauses):
         steps = 1 if i % 2 else 10
         kv += running * steps
-        dt = sum(engine.latency(kv - running * (steps - j), running) for j in range(steps)) + (pause if steps == 1 else 0)
+        paused = pause if steps == 1 else 0.0
+        dt = sum(engine.latency(kv - running * (steps - j), running) for j in range(steps)) + paused
         t += dt
-        engine_s = dt - (pause if steps == 1 else 0)
+        engine_s = dt - paused
         events.append(_tokens(t, running, steps, engine_s, kv))
         measured += dt if i else engine_s  # the first report is timed by its engine step alone
     fitted = fit_engine(events, "rollout")
