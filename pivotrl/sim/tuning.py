@@ -30,10 +30,13 @@ OPTIONS: dict[str, dict[str, Any]] = {  # fig11's options beyond the paper, each
     "pivotrl+priced": {"strategy_cfg": {"price_reprefill": True}},  # the benefit charges re-prefill beside φ
     "pivotrl+floor": {"min_gain": 0.001},  # Dispatch admits a sequence only where it adds 0.1 % of a replica's T
     "pivotrl+kv": {"migration": "kv_transfer"},  # a migrated sequence's KV moves through host memory (simulated only)
+    # the tail guard (pivotrl.control.tailguard): a replica holding the oldest step's sequences takes newer steps' only
+    # while its iteration stays within 25 % of one sequence's (the slack the runtime's tuned benchmark runs)
+    "pivotrl+guard": {"tail_guard": 0.25},
 }
 # the options that are scheduler settings of any deployment: fig9 also runs each static deployment's best allocation
 # with them, so PivotRL with one is compared with baselines that have it too
-SCHEDULER_OPTIONS = {"rebalanced": "pivotrl+rebalance", "floored": "pivotrl+floor"}
+SCHEDULER_OPTIONS = {"rebalanced": "pivotrl+rebalance", "floored": "pivotrl+floor", "guarded": "pivotrl+guard"}
 
 
 def scenario_for(key: str, args: argparse.Namespace, **overrides: Any) -> Scenario:

@@ -18,15 +18,35 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
     assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced", "pivotrl+kv"}  # PivotRL tuned with each
-    for n in ("rebalanced_tps", "floored_tps"):  # the scheduler options: PivotRL and every baseline with each
+    for n in ("rebalanced_tps", "floored_tps", "guarded_tps"):  # scheduler options: PivotRL and every baseline with each
         assert set(group[n]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl"}
         assert all(0 < tps <= group["fluid_bound"] for tps in group[n].values())
     assert all(0 < tps <= group["fluid_bound"] for tps in group["options_tps"].values())
+    best = group["best"]  # the fastest strategy, the fastest of everything fig9 ran but the baselines
+    candidates = [group["tps"]["pivotrl"], group["tps"]["critical"], *group["options_tps"].values(),
+                  *(group[n]["pivotrl"] for n in ("rebalanced_tps", "floored_tps", "guarded_tps"))]
+    assert best["tps"] == max(candidates)
+    assert best["x_best_baseline"] == best["tps"] / max(group["tps"][k] for k in ("colocated", "disaggregated",
+                                                                                  "rr_colocated"))
+    assert best["x_strongest_baseline"] <= best["x_best_baseline"]
     assert (tmp_path / "fig9.png").stat().st_size > 0
     (calibrated,) = last["calibrated"]["groups"]  # the calibrated scenario set, with the same fields
     assert set(calibrated) == set(group) and set(calibrated["tps"]) == set(group["tps"])
     assert all(0 < tps <= calibrated["fluid_bound"] for tps in calibrated["tps"].values())
     assert (tmp_path / "fig9-calibrated.png").stat().st_size > 0
+
+
+def test_the_best_strategy_is_named_and_held_to_the_strongest_baseline() -> None:
+    from pivotrl.sim.experiments import best_strategy
+
+    tps = {"colocated": 10.0, "disaggregated": 20.0, "rr_colocated": 12.0, "pivotrl": 25.0, "critical": 24.0}
+    fair = {"floored": {"colocated": 10.0, "disaggregated": 26.0, "rr_colocated": 12.0, "pivotrl": 40.0},
+            "guarded": {"colocated": 9.0, "disaggregated": 15.0, "rr_colocated": 12.0, "pivotrl": 30.0}}
+    best = best_strategy(tps, fair, {"pivotrl+kv": 35.0}, bound=50.0)
+    assert (best["strategy"], best["tps"]) == ("pivotrl+floor", 40.0)
+    assert best["x_best_baseline"] == 2.0 and best["of_fluid_bound"] == 0.8 and not best["goals_met"]
+    assert (best["strongest_baseline"], best["x_strongest_baseline"]) == ("disaggregated+floor", 40.0 / 26.0)
+    assert best_strategy(tps, fair, {"pivotrl+kv": 45.0}, bound=50.0)["goals_met"]  # 2.25x, 0.9 of the bound
 
 
 def test_fig9_runs_the_calibrated_set_alone_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
