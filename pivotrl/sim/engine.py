@@ -29,6 +29,7 @@ from pivotrl.control.events import EventLog
 from pivotrl.control.ledger import StepLedger
 from pivotrl.control.plane import ControlPlane
 from pivotrl.planner.state import DeviceInfo, InferenceRole
+from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim.config import SimConfig
 from pivotrl.sim.hardware import CatalogHardware, SimHardware
 from pivotrl.sim.results import SimResult, TimelinePoint
@@ -92,6 +93,8 @@ class Simulator:
                                      "known (a catalogued device); this one (measured from a run whose engines "
                                      "re-prefill) allows only 'recompute'")
                 kv = (cost, self.host_kv)
+            history = self.hw.belief_history(role)  # a real run's beliefs: the first from the start, the rest in time
+            belief = history[0][1] if history else belief
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
                                        schedule=self.schedule, on_finished=self._finished, events=self.events, kv=kv)
         self.deployment = deployment
@@ -99,6 +102,8 @@ class Simulator:
                                   seqs_per_step=wl.seqs_per_step, events=self.events)
         for role, sim_role in self.roles.items():
             sim_role.driver = self.plane.drivers[role]  # type: ignore[index]
+            for time_s, model in self.hw.belief_history(role)[1:]:
+                self.schedule(time_s, self._believe, role, model)
         self.timeline: list[TimelinePoint] = []
 
     # ------------------------------------------------------------------ Clock
@@ -181,9 +186,18 @@ class Simulator:
         return RoleSpec(role=role, tp=rt.tp, model=rt.belief, kv_capacity_tokens=rt.truth.kv_capacity_tokens)
 
     def tau_shift_s(self, role: InferenceRole) -> float:
-        """τ_shift of a ``role`` replica: its shift down, then the other role's shift up on its devices."""
+        """τ_shift of a ``role`` replica: its shift down, then the other role's shift up on its devices (or what a
+        replayed real run's control plane had then, ``SimHardware.tau_shift_at``)."""
+        replayed = self.hw.tau_shift_at(role, self._now)
+        if replayed is not None:
+            return replayed
         other = "reward" if role == "rollout" else "rollout"
         return sum(self.hw.inference_down(role).values()) + self._up_s(other)
+
+    def _believe(self, role: str, model: ThroughputModel) -> None:
+        """A replayed real run's control plane changed its belief about ``role`` now: new and live replicas use it."""
+        self.roles[role].belief = model
+        self.plane.drivers[role].update_spec(model, None)  # type: ignore[index]
 
     def sync(self, role: InferenceRole | None = None) -> None:
         for name, rt in self.roles.items():

@@ -52,6 +52,14 @@ class SimHardware(Protocol):
     def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
         """The truth of a ``role`` replica of ``tp`` devices and the fitted belief the control plane gets."""
 
+    def belief_history(self, role: str) -> tuple[tuple[float, ThroughputModel], ...]:
+        """The beliefs a real run's control plane held about ``role``, as (from time s, model), in time order; empty:
+        the belief ``engine`` gives, throughout."""
+
+    def tau_shift_at(self, role: str, time_s: float) -> float | None:
+        """τ_shift of ``role`` as a real run's control plane had it at ``time_s``; None: the simulator's own (its
+        shift costs)."""
+
     def inference_up(self, role: str, tp: int) -> dict[str, float]:
         """Parts of a shift up of one ``role`` replica (new weights, engine start)."""
 
@@ -100,6 +108,12 @@ class CatalogHardware:
     def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
         truth = self.truth(role, tp)
         return truth, fit_belief(truth, rng, self.noise_sigma)
+
+    def belief_history(self, role: str) -> tuple[tuple[float, ThroughputModel], ...]:
+        return ()
+
+    def tau_shift_at(self, role: str, time_s: float) -> float | None:
+        return None
 
     def inference_up(self, role: str, tp: int) -> dict[str, float]:
         return {"gps_read_s": self.costs.read_s(self.models[role], tp), "engine_start_s": self.costs.cfg.engine_start_s}

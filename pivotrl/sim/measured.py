@@ -17,7 +17,12 @@ the same run: the same deployment and control, the same sequences, and a cluster
   training set; or, pooled over runs on different training sets (``pooled``), seconds per token at each measured
   training-set size, interpolated log-log between them (and extrapolated along the nearest measured slope);
 * **publication**: the median GPS Write (``gps_write`` to ``published``);
-* **weight reload** of a live rollout replica (static deployments): the median ``rollout reload`` phase.
+* **weight reload** of a live rollout replica (static deployments): the median ``rollout reload`` phase;
+* **the control plane's inputs**: what the run's scheduler and planner believed when (``summary.json`` "beliefs": a
+  role's prior, its engines' fit, each refit, with the time it was adopted) replaces the fit above as the belief from
+  that time on, and each planner decision's τ_shift (``decision`` records) is what the simulated planner is given
+  then; the runtime's beliefs start from a prior and follow the engines, so a planner believing the run's overall
+  fit from the start shifts otherwise (2026-12-06: the 4-device ratio errors fell from up to 15.2 % to 13.5 %).
 
 Pure: numpy and the standard library (and ``yaml``, omegaconf's dependency, for ``config.yaml``).
 Invariant: every measured cost is finite and >= 0; a run folder missing what a measurement needs is refused with
@@ -25,6 +30,7 @@ the file and the field named, never filled with a guess.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import statistics
@@ -69,6 +75,11 @@ class MeasuredHardware:
     # (training-set size, seconds per trained token) measured over several runs; when given, training_s follows it
     training_by_devices: tuple[tuple[int, float], ...] = ()
     prefill_s_per_token: float = 0.0  # not separable from the decode reports on this runtime
+    # per inference role, what the run's control plane believed when: (from time s, model), in time order (summary.json
+    # "beliefs"); empty: the fit of ``engines`` throughout
+    beliefs: dict[str, tuple[tuple[float, ThroughputModel], ...]] = dataclasses.field(default_factory=dict)
+    # per inference role, the τ_shift its planner was given at each decision: (time s, seconds), in time order
+    taus: dict[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 
     def truth(self, role: str, tp: int) -> TrueLatency:
         m = self.engines[role]
@@ -78,6 +89,16 @@ class MeasuredHardware:
 
     def engine(self, role: str, tp: int, rng: np.random.Generator) -> tuple[TrueLatency, ThroughputModel]:
         return self.truth(role, tp), self.engines[role]
+
+    def belief_history(self, role: str) -> tuple[tuple[float, ThroughputModel], ...]:
+        return self.beliefs.get(role, ())
+
+    def tau_shift_at(self, role: str, time_s: float) -> float | None:
+        taus = self.taus.get(role, ())
+        if not taus:
+            return None
+        i = bisect.bisect_right([t for t, _ in taus], time_s)
+        return taus[max(i - 1, 0)][1]  # the last one given by then (before the first: the first)
 
     def _phase(self, key: str) -> dict[str, float]:
         return dict(self.phases.get(key, {}))
@@ -147,14 +168,15 @@ def _loglog(points: tuple[tuple[int, float], ...], n: int) -> float:
 
 def pooled(runs: list["MeasuredRun"], reference: "MeasuredRun") -> MeasuredHardware:
     """``reference``'s hardware with training measured over every run: each training-set size's seconds per trained
-    token (the median over the runs of that size)."""
+    token (the median over the runs of that size); no replayed beliefs or τ_shift (the fitted engines instead)."""
     by: dict[int, list[float]] = {}
     for r in runs:
         tokens = sum(t for t, _ in r.training_steps)
         if tokens:
             by.setdefault(r.hardware.training_devices, []).append(sum(s for _, s in r.training_steps) / tokens)
     points = tuple(sorted((n, statistics.median(v)) for n, v in by.items()))
-    return dataclasses.replace(reference.hardware, training_by_devices=points)
+    # allocations the runs never tried have no belief history of their own: the planner believes the fitted engines
+    return dataclasses.replace(reference.hardware, training_by_devices=points, beliefs={}, taus={})
 
 
 def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
@@ -286,6 +308,40 @@ def _workload(seqs: list[dict[str, Any]], num_steps: int, per_step: int, folder:
     return Workload(prompt, np.maximum(response, 1), np.maximum(judgement, 1), template)
 
 
+def _beliefs(summary: dict[str, Any], folder: Path) -> dict[str, tuple[tuple[float, ThroughputModel], ...]]:
+    """Each inference role's belief history as the run's summary records it (``RoleBelief.report``: its prior, the
+    engines' fit or a cache, each refit, with the time it was adopted); {} for a run that did not record one."""
+    out = {}
+    for role, record in (summary.get("beliefs") or {}).items():
+        if role not in ("rollout", "reward"):
+            continue
+        try:
+            history = sorted(((float(h["time_s"]), ThroughputModel(**h["fit"])) for h in record["history"]),
+                             key=lambda tm: tm[0])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MeasurementError(f"{folder / 'summary.json'}: beliefs.{role}.history must list "
+                                   f"{{time_s, fit: {{A, B, C, D}}}}, got {str(record)[:200]!r}: {exc}") from exc
+        if history:
+            out[role] = tuple(history)
+    return out
+
+
+def _taus(events: list[dict[str, Any]]) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Each inference role's τ_shift as the run's planner decisions were given it (``decision`` records), where it
+    changed; {} for a run without decisions (a static deployment never asks)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e["kind"] != "decision":
+            continue
+        for role, belief in (e.get("beliefs") or {}).items():
+            tau = belief.get("tau_shift_s")
+            if role in ("rollout", "reward") and tau is not None:
+                seq = out.setdefault(role, [])
+                if not seq or seq[-1][1] != float(tau):
+                    seq.append((float(e["t"]), float(tau)))
+    return {r: tuple(v) for r, v in out.items()}
+
+
 def measure_run(folder: Path | str) -> MeasuredRun:
     """The simulation of one real run folder on the cluster it measured."""
     folder = Path(folder)
@@ -319,7 +375,9 @@ def measure_run(folder: Path | str) -> MeasuredRun:
     kv = summary.get("kv_capacity_tokens")
     if not isinstance(kv, dict) or set(kv) != {"rollout", "reward"}:
         raise MeasurementError(f"{folder / 'summary.json'}: kv_capacity_tokens must give rollout and reward, got {kv!r}")
-    hardware = MeasuredHardware(engines={r: fit_engine(events, r) for r in ("rollout", "reward")},
+    beliefs, taus = _beliefs(summary, folder), _taus(events)
+    hardware = MeasuredHardware(engines={r: fit_engine(events, r) for r in ("rollout", "reward")}, beliefs=beliefs,
+                                taus=taus,
                                 kv_capacity_tokens={r: int(v) for r, v in kv.items()}, phases=phases,
                                 training_fixed_s=a, training_s_per_token=b, training_devices=training_devices,
                                 publish_s=statistics.median(publish) if publish else 0.0)

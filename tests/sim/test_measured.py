@@ -29,8 +29,10 @@ def _as_run_folder(sim: Simulator, folder: Path) -> Path:
               "data": {"prompts_per_step": sc.workload.prompts_per_step, "group_size": sc.workload.group_size}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     finished = sim.plane.finished_s
+    beliefs = {r: {"history": [{"time_s": t, "source": "refit", "fit": dataclasses.asdict(m)}
+                               for t, m in sim.hw.belief_history(r)]} for r in ("rollout", "reward")}
     (folder / "summary.json").write_text(json.dumps({
-        "tps": wl.generated_tokens() / finished, "seconds": finished,
+        "tps": wl.generated_tokens() / finished, "seconds": finished, "beliefs": beliefs,
         "kv_capacity_tokens": {r: sim.roles[r].truth.kv_capacity_tokens for r in ("rollout", "reward")}}))
     (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in sim.events.events))
     lines = []
@@ -118,6 +120,35 @@ def test_a_delay_before_a_new_replicas_first_step_is_measured_and_charged(tmp_pa
     assert "first_step_s" not in run.hardware.phases.get("rollout up", {})
     again = run.simulate()
     assert again.finished_s == pytest.approx(source.plane.finished_s, rel=1e-6)
+
+
+def test_what_the_runs_control_plane_believed_when_is_replayed(tmp_path: Path) -> None:
+    """A run whose control plane believed something else than its engines do (a prior, then a refit mid-run) and
+    gave its planner another τ_shift: measured, its belief history (summary.json) and the τ_shift of each decision
+    (events.jsonl) come back, the replayed drivers hold each belief from its time on, and with the planner believing
+    what the run's believed, even PivotRL simulates back to itself (without the replay only within 5 %)."""
+    prior = {r: dataclasses.replace(m, B=3 * m.B, D=0.5 * m.D) for r, m in SOURCE.engines.items()}
+    refit = {r: dataclasses.replace(m, C=1.5 * m.C) for r, m in SOURCE.engines.items()}
+    hw = dataclasses.replace(SOURCE, beliefs={r: ((0.0, prior[r]), (1.5, refit[r])) for r in prior},
+                             taus={"rollout": ((0.0, 4.0), (2.0, 0.6)), "reward": ((0.0, 3.0),)})
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=3), deployment=DEPLOYMENTS["pivotrl"], record_events=True)
+    source = Simulator(cfg, make_deployment(cfg), hardware=hw)
+    source.run()
+    decisions = [e for e in source.events.events if e["kind"] == "decision"]
+    assert any(e["t"] < 1.5 for e in decisions) and any(e["t"] >= 2.0 for e in decisions)
+    for e in decisions:  # the planner was given the replayed beliefs and τ_shift
+        want = prior if e["t"] < 1.5 else refit
+        assert {k: e["beliefs"]["reward"][k] for k in "ABCD"} == dataclasses.asdict(want["reward"])
+        assert e["beliefs"]["rollout"]["tau_shift_s"] == (4.0 if e["t"] < 2.0 else 0.6)
+    run = measure_run(_as_run_folder(source, tmp_path / "replayed"))
+    assert run.hardware.beliefs == hw.beliefs
+    assert run.hardware.tau_shift_at("rollout", 1.0) == 4.0 and run.hardware.tau_shift_at("rollout", 9.0) == 0.6
+    assert run.hardware.tau_shift_at("reward", 9.0) == 3.0
+    again = Simulator(run.config, make_deployment(run.config), run.workload, run.hardware)
+    result = again.run()
+    assert all(d.spec.model == refit[r] for r, d in again.plane.drivers.items())
+    assert result.finished_s == pytest.approx(source.plane.finished_s, rel=1e-6)
+    assert pooled([run], run).beliefs == {} and pooled([run], run).tau_shift_at("rollout", 1.0) is None
 
 
 @settings(max_examples=50, deadline=None)
