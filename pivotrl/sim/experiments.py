@@ -172,10 +172,10 @@ def fig10(args: argparse.Namespace) -> dict[str, Any]:
                                        sample_s=2.0, record_events=True), workload=wl))
     changes, last = [], None
     for p in runs[0].timeline:
-        alloc = (p.devices["rollout"], p.devices["reward"], p.devices["training"])
-        if alloc != last:
-            changes.append([round(p.time_s), *alloc, round(p.rollout_tps), round(p.reward_tps), round(p.overall_tps)])
-            last = alloc
+        devs = (p.devices["rollout"], p.devices["reward"], p.devices["training"])
+        if devs != last:
+            changes.append([round(p.time_s), *devs, round(p.rollout_tps), round(p.reward_tps), round(p.overall_tps)])
+            last = devs
     table(["t (s)", "RO", "RM", "TR", "rollout tok/s", "reward tok/s", "overall"], changes)
     print(f"pivotrl {runs[0].tps:.0f} tok/s ({runs[0].makespan_s:.0f} s) vs disaggregated {runs[1].tps:.0f} tok/s "
           f"({runs[1].makespan_s:.0f} s): x{runs[0].tps / runs[1].tps:.2f}")

@@ -49,6 +49,16 @@ def test_the_best_strategy_is_named_and_held_to_the_strongest_baseline() -> None
     assert best_strategy(tps, fair, {"pivotrl+kv": 45.0}, bound=50.0)["goals_met"]  # 2.25x, 0.9 of the bound
 
 
+def test_fig10_prints_the_allocation_changes_and_draws_both_timelines(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    data = main(["fig10", "--quick", "--json", "--out", str(tmp_path)])
+    assert set(data["tps"]) == {"pivotrl", "disaggregated"} and all(t > 0 for t in data["tps"].values())
+    changes = data["allocation_changes"]
+    assert changes and all(sum(row[1:4]) <= 32 for row in changes)  # RO + RM + TR devices of the 7B group's 32
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(json.dumps(data))
+    assert (tmp_path / "fig10.png").stat().st_size > 0
+
+
 def test_fig9_runs_the_calibrated_set_alone_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "fig9-calibrated.png").write_bytes(b"an older figure")
     data = main(["fig9", "--quick", "--groups", "7B+30B", "--calibrated-only", "--out", str(tmp_path)])
