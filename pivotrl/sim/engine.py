@@ -82,6 +82,7 @@ class Simulator:
         # deployment.migration = "kv_transfer": aborted sequences' KV caches wait in host memory (beyond the paper)
         kv_moves = cfg.deployment.migration == "kv_transfer"
         self.host_kv = HostKV(self.hw.kv_host_bytes(sc.num_devices)) if kv_moves else None
+        histories: dict[str, tuple[tuple[float, ThroughputModel], ...]] = {}
         for role, tp, lengths in (("rollout", sc.policy_tp, wl.rollout), ("reward", sc.reward_tp, wl.judge)):
             truth, belief = self.hw.engine(role, tp, rng)
             seed = int(rng.integers(2**63))
@@ -93,8 +94,8 @@ class Simulator:
                                      "known (a catalogued device); this one (measured from a run whose engines "
                                      "re-prefill) allows only 'recompute'")
                 kv = (cost, self.host_kv)
-            history = self.hw.belief_history(role)  # a real run's beliefs: the first from the start, the rest in time
-            belief = history[0][1] if history else belief
+            histories[role] = self.hw.belief_history(role)  # a real run's beliefs: the first from the start, the rest
+            belief = histories[role][0][1] if histories[role] else belief  # at their times (below)
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
                                        schedule=self.schedule, on_finished=self._finished, events=self.events, kv=kv)
         self.deployment = deployment
@@ -102,7 +103,7 @@ class Simulator:
                                   seqs_per_step=wl.seqs_per_step, events=self.events)
         for role, sim_role in self.roles.items():
             sim_role.driver = self.plane.drivers[role]  # type: ignore[index]
-            for time_s, model in self.hw.belief_history(role)[1:]:
+            for time_s, model in histories[role][1:]:
                 self.schedule(time_s, self._believe, role, model)
         self.timeline: list[TimelinePoint] = []
 

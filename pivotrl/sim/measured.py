@@ -97,7 +97,7 @@ class MeasuredHardware:
         taus = self.taus.get(role, ())
         if not taus:
             return None
-        i = bisect.bisect_right([t for t, _ in taus], time_s)
+        i = bisect.bisect_right(taus, time_s, key=lambda tau: tau[0])  # asked at every planner snapshot: no copy
         return taus[max(i - 1, 0)][1]  # the last one given by then (before the first: the first)
 
     def _phase(self, key: str) -> dict[str, float]:
