@@ -3,7 +3,9 @@
 The documented scenarios (``pivotrl.sim.config.SCENARIOS``) fix by argument four things the paper never states:
 how close decode kernels come to the HBM roofline (``HardwareConfig.hbm_efficiency``), the policy update's model
 FLOPs utilization (``CostConfig.training_mfu``), how long the responses and judgements run (``WorkloadConfig``'s
-length medians), and the batch of a step (32 sequences a device). The calibrated set fits them, one value each for
+length medians), the batch of a step (32 sequences a device), and the serving stack's fixed cost of one engine
+iteration (``HardwareConfig.step_overhead_s``: scheduling, sampling, detokenization and kernel launches, which no
+roofline gives and which differs by engine and version). The calibrated set fits them, one value each for
 all four groups (one cluster kind, one serving stack, one dataset and RL recipe, so one batch), to the paper's
 *baseline* bars only: Fig. 9's colocated, disaggregated and rollout-reward colocated tokens/s of each group, each
 simulated at Table 4's allocation (``paper.TABLE4``). PivotRL's bars are never read by the fit: PivotRL simulated
@@ -46,8 +48,13 @@ BOUNDS: dict[str, tuple[float, float]] = {  # each fitted constant's range
     "training_mfu": (0.05, 0.6),  # RL policy updates (FSDP, long sequences) run below pre-training's ~0.4-0.6
     "length_scale": (0.25, 4.0),  # the documented medians (2500 / 1500 tokens) times this
     "prompts_per_step": (16, 512),  # GRPO groups of 16 a step: 256-8192 sequences (DAPO-like recipes: 512-8192)
+    # an engine iteration's fixed cost: ~1 ms for a CUDA-graphed step with an overlapped scheduler, tens of ms where
+    # the scheduler, sampling and detokenization run on the critical path (vLLM's v0.6 notes measured its CPU side
+    # as most of a small model's step)
+    "step_overhead_s": (5e-4, 3e-2),
 }
-LOG_SCALED = frozenset({"prompts_per_step"})  # searched on a log scale and rounded to an integer
+LOG_SCALED = frozenset({"prompts_per_step", "step_overhead_s"})  # searched on a log scale
+INTEGER = frozenset({"prompts_per_step"})  # rounded to a whole number
 MISS = math.log(10.0)  # the residual of a run that stalled
 
 
@@ -59,6 +66,7 @@ class Calibration:
     training_mfu: float = CostConfig().training_mfu
     length_scale: float = 1.0
     prompts_per_step: int | None = None  # one batch for every group (None: the documented 2 prompts a device)
+    step_overhead_s: float = HardwareConfig().step_overhead_s
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in BOUNDS.items():
@@ -72,7 +80,8 @@ class Calibration:
                 raise ValueError(f"Calibration.{name} must be in [{lo}, {hi}], got {value!r}")
 
     def hardware(self) -> HardwareConfig:
-        return dataclasses.replace(HardwareConfig(), hbm_efficiency=self.hbm_efficiency)
+        return dataclasses.replace(HardwareConfig(), hbm_efficiency=self.hbm_efficiency,
+                                   step_overhead_s=self.step_overhead_s)
 
     def costs(self) -> CostConfig:
         return dataclasses.replace(CostConfig(), training_mfu=self.training_mfu)
@@ -98,7 +107,7 @@ class Calibration:
         batch = ("32 sequences a device" if self.prompts_per_step is None
                  else f"{self.prompts_per_step * WorkloadConfig().group_size} sequences")
         return (f"hbm_efficiency {self.hbm_efficiency:.3f}, training_mfu {self.training_mfu:.3f}, "
-                f"length_scale {self.length_scale:.3f}, batch {batch}")
+                f"length_scale {self.length_scale:.3f}, batch {batch}, step overhead {self.step_overhead_s * 1e3:.2f} ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +217,8 @@ def _unit(name: str, value: float) -> float:
 def _from_unit(name: str, u: float) -> float | int:
     lo, hi = BOUNDS[name]
     if name in LOG_SCALED:
-        return min(max(round(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))), lo), hi)
+        value = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+        return min(max(round(value) if name in INTEGER else value, lo), hi)
     return lo + (hi - lo) * u
 
 

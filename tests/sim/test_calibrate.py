@@ -40,12 +40,15 @@ def test_the_objective_never_reads_pivotrl_bars() -> None:
 def test_a_constant_out_of_range_names_the_field() -> None:
     with pytest.raises(ValueError, match=r"Calibration\.training_mfu must be in"):
         Calibration(training_mfu=0.9)
+    with pytest.raises(ValueError, match=r"Calibration\.step_overhead_s must be in"):
+        Calibration(step_overhead_s=0.1)
 
 
 def test_the_fit_finds_a_known_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a stand-in for the simulator whose baselines match the paper exactly at known constants, the fit
     (bounded Nelder-Mead from the documented values, the batch from 128 prompts) lands there and its bars match."""
-    truth = Calibration(hbm_efficiency=0.55, training_mfu=0.2, length_scale=1.6, prompts_per_step=80)
+    truth = Calibration(hbm_efficiency=0.55, training_mfu=0.2, length_scale=1.6, prompts_per_step=80,
+                        step_overhead_s=0.004)
 
     def fake(cal: Calibration, kinds: tuple[str, ...] = calibrate.BASELINES, groups=None, *, seed: int = 0,
              jobs: int = 1, measure: Measure = Measure()) -> list[Bar]:
@@ -55,7 +58,8 @@ def test_the_fit_finds_a_known_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
                 miss = (1 + i) * math.log(cal.hbm_efficiency / truth.hbm_efficiency) \
                     + (1 + j) * math.log(cal.training_mfu / truth.training_mfu) \
                     + (2 - j) * (i + 1) * 0.5 * math.log(cal.length_scale / truth.length_scale) \
-                    + (j - 1) * (4 - i) * 0.3 * math.log(cal.prompts_per_step / truth.prompts_per_step)
+                    + (j - 1) * (4 - i) * 0.3 * math.log(cal.prompts_per_step / truth.prompts_per_step) \
+                    + ((i * j) % 3 - 1) * 0.4 * math.log(cal.step_overhead_s / truth.step_overhead_s)
                 bars.append(Bar(group=key, kind=kind, allocation="", paper_tps=paper.FIG9_TPS[key][kind],
                                 simulated_tps=paper.FIG9_TPS[key][kind] * math.exp(miss)))
         return bars
@@ -76,6 +80,9 @@ def test_one_group_runs_at_table4() -> None:
                for b in bars)
     longer = run_bars(Calibration(length_scale=2.0), ("colocated",), groups=("7B+30B",))[0]
     assert longer.simulated_tps != bars[0].simulated_tps  # the lengths are a fitted constant: they reach the run
+    slower = Calibration(step_overhead_s=0.02)
+    assert slower.hardware().step_overhead_s == 0.02 and slower.hardware().hbm_efficiency == Calibration().hbm_efficiency
+    assert run_bars(slower, ("colocated",), groups=("7B+30B",))[0].simulated_tps != bars[0].simulated_tps
 
 
 def test_a_batch_out_of_range_or_not_whole_names_the_field() -> None:
@@ -114,11 +121,12 @@ def test_a_measure_outside_its_run_names_the_field() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.floats(0.01, 0.99), st.floats(0.01, 0.99), st.floats(0.01, 0.99), st.integers(16, 512))
-def test_the_search_space_holds_a_whole_batch_and_maps_back(u1: float, u2: float, u3: float, prompts: int) -> None:
+@given(st.lists(st.floats(0.01, 0.99), min_size=len(BOUNDS), max_size=len(BOUNDS)), st.integers(16, 512))
+def test_the_search_space_holds_a_whole_batch_and_maps_back(us: list[float], prompts: int) -> None:
     names = tuple(BOUNDS)
-    floats = {name: lo + u * (hi - lo) for u, (name, (lo, hi)) in zip((u1, u2, u3), BOUNDS.items())
-              if name != "prompts_per_step"}
+    floats = {name: (lo * (hi / lo) ** u if name in calibrate.LOG_SCALED else lo + u * (hi - lo))
+              for u, (name, (lo, hi)) in zip(us, BOUNDS.items()) if name != "prompts_per_step"}
+    assert set(floats) | {"prompts_per_step"} == set(BOUNDS)
     cal = Calibration(**floats, prompts_per_step=prompts)
     back = calibrate._to_params(calibrate._to_z(cal, names), names, Calibration())
     assert back.prompts_per_step == prompts  # whole prompts, exactly
