@@ -39,7 +39,7 @@ from pivotrl.sim.runner import allocation_label, simulate_many
 from pivotrl.sim.truth import HardwareConfig
 from pivotrl.sim.workload import Workload, WorkloadConfig
 
-__all__ = ["BASELINES", "BOUNDS", "CALIBRATED", "Calibration", "Measure", "STEADY", "Bar", "FitResult",
+__all__ = ["BASELINES", "BOUNDS", "CALIBRATED", "Calibration", "Measure", "STEADY", "Bar", "FitResult", "parse_value",
            "table4_deployment", "run_bars", "objective", "fit"]
 
 BASELINES = ("colocated", "disaggregated", "rr_colocated")
@@ -204,6 +204,21 @@ def objective(bars: list[Bar]) -> float:
     if any(b.kind not in BASELINES for b in bars):
         raise ValueError("objective: only the baseline bars (colocated, disaggregated, rr_colocated) are fitted")
     return sum(b.residual ** 2 for b in bars)
+
+
+def parse_value(text: str) -> tuple[str, float | int]:
+    """``NAME=VALUE`` of one fitted constant (``--start``), the batch a whole number of prompts; the range is checked
+    by ``Calibration``."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in BOUNDS:
+        raise ValueError(f"a start value is NAME=VALUE with NAME one of {', '.join(BOUNDS)}; got {text!r}")
+    try:
+        number: float | int = int(value) if name in INTEGER else float(value)
+    except ValueError:
+        kind = "a whole number" if name in INTEGER else "a number"
+        raise ValueError(f"{name} must be {kind} in [{BOUNDS[name][0]}, {BOUNDS[name][1]}]; got {value!r}") from None
+    return name, number
 
 
 def _unit(name: str, value: float) -> float:

@@ -154,9 +154,11 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  evaluation {n}: {cal.label()}: sum of squared log errors {value:.4f}", flush=True)
 
     measure = Measure(num_steps=args.steps or 8, warmup_steps=args.warmup_steps)
+    start = dataclasses.replace(CALIBRATED, **dict(getattr(args, "start", [])))
     print(f"each bar: {measure.num_steps}-step runs, the first {measure.warmup_steps} steps not counted; fitting "
-          f"{', '.join(args.constants)} from the adopted set ({CALIBRATED.label()})", flush=True)
-    result = fit(start=CALIBRATED, names=tuple(args.constants), measure=measure, max_evaluations=args.evaluations,
+          f"{', '.join(args.constants)} from {'the adopted set' if start == CALIBRATED else 'the given start'} "
+          f"({start.label()})", flush=True)
+    result = fit(start=start, names=tuple(args.constants), measure=measure, max_evaluations=args.evaluations,
                  seed=args.seed, jobs=args.jobs, progress=progress)
     documented, calibrated = Calibration(), result.params
     start_bars = run_bars(documented, seed=args.seed, jobs=args.jobs, measure=measure)
@@ -199,7 +201,8 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
         series[f"calibrated {kind}"] = [fitted[g, kind].simulated_tps or 0.0 for g in paper.TABLE4]
     plots.bars(list(paper.TABLE4), series, args.out / "calibrate.png", "tokens/s",
                "Fig. 9 baselines at Table 4: paper vs calibrated")
-    return {"params": calibrated.as_dict(), "documented": documented.as_dict(), "evaluations": result.evaluations,
+    return {"params": calibrated.as_dict(), "start": start.as_dict(), "documented": documented.as_dict(),
+            "evaluations": result.evaluations,
             "measure": {"num_steps": measure.num_steps, "warmup_steps": measure.warmup_steps},
             "rows": rows, "max_ratio_error": max(errors), "rms_log_error": rms, "pivotrl": out_of_sample,
             "history": [{"params": h, "objective": v} for h, v in result.history]}

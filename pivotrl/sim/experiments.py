@@ -27,6 +27,7 @@ from pivotrl.sim import paper, plots
 from pivotrl.sim.ablations import fig11, fig14, floor, migration, reprefill
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig
 from pivotrl.sim.calibrate import BOUNDS as CALIBRATION_BOUNDS
+from pivotrl.sim.calibrate import Calibration, parse_value
 from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
@@ -241,6 +242,15 @@ EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 }
 
 
+def _start_value(text: str) -> tuple[str, float | int]:
+    try:
+        name, value = parse_value(text)
+        Calibration(**{name: value})  # the range, named
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m pivotrl.sim.experiments", description=__doc__.split("\n")[0])
     parser.add_argument("name", choices=sorted(EXPERIMENTS))
@@ -267,6 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "(the pipeline's fill); --steps sets the run (calibrate's default: 8)")
     parser.add_argument("--constants", nargs="+", choices=list(CALIBRATION_BOUNDS), default=list(CALIBRATION_BOUNDS),
                         help="calibrate: the constants to fit (the others as the adopted set has them)")
+    parser.add_argument("--start", nargs="+", default=[], metavar="NAME=VALUE", type=_start_value,
+                        help="calibrate: start the fit here instead of at the adopted set, e.g. step_overhead_s=0.01")
     parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)

@@ -209,3 +209,32 @@ def test_the_calibrate_command_reports_its_measure_and_the_out_of_sample_rows(
     assert out["params"]["length_scale"] == calibrate.CALIBRATED.length_scale  # not fitted: as the adopted set
     assert len(out["rows"]) == 12 and [r["group"] for r in out["pivotrl"]] == list(paper.TABLE4)
     assert (tmp_path / "calibrate.png").stat().st_size > 0
+
+
+def test_the_calibrate_command_starts_where_told_and_names_a_bad_start(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--start NAME=VALUE`` starts the fit there (the rest as the adopted set); a name that is not a fitted constant,
+    a value that is not a number or is out of range is refused by the parser, naming the field."""
+    from pivotrl.sim.experiments import main
+
+    seen: list[Calibration] = []
+
+    def fake(cal: Calibration, kinds: tuple[str, ...] = calibrate.BASELINES, groups=None, *, seed: int = 0,
+             jobs: int = 1, measure: Measure = Measure()) -> list[Bar]:
+        seen.append(cal)
+        return [Bar(group=key, kind=kind, allocation="", paper_tps=paper.FIG9_TPS[key][kind],
+                    simulated_tps=paper.FIG9_TPS[key][kind] * 0.01 / cal.step_overhead_s)
+                for key in paper.TABLE4 for kind in kinds]
+
+    monkeypatch.setattr(calibrate, "run_bars", fake)
+    out = main(["calibrate", "--evaluations", "3", "--constants", "step_overhead_s", "--start",
+                "step_overhead_s=0.02", "prompts_per_step=64", "--out", str(tmp_path)])
+    first = seen[0]
+    assert (first.step_overhead_s, first.prompts_per_step) == (0.02, 64)
+    assert first.training_mfu == calibrate.CALIBRATED.training_mfu
+    assert out["start"]["step_overhead_s"] == 0.02 and out["params"]["prompts_per_step"] == 64
+    for bad, field in (("decode_speed=2", "one of"), ("prompts_per_step=64.5", "prompts_per_step must be"),
+                       ("step_overhead_s=1", "step_overhead_s must be in"), ("training_mfu", "one of")):
+        with pytest.raises(SystemExit):
+            main(["calibrate", "--start", bad, "--out", str(tmp_path)])
+        assert field in capsys.readouterr().err
