@@ -98,7 +98,8 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
                                 "a sequence waits rather than join a replica it adds too little to"),
                     ("guarded", f"the tail guard (deployment.tail_guard={OPTIONS['pivotrl+guard']['tail_guard']:g}: "
                                 "a replica running the oldest step's tail takes newer steps' sequences only while its "
-                                "iteration stays fast")):
+                                "iteration stays fast"),
+                    ("floored_rebalanced", "the Dispatch floor and rebalancing together")):
         print(f"\nwith {what}; beyond the paper): PivotRL tuned again, each static deployment at its best allocation "
               "above")
         table(["group", "coloc", "disagg", "rr", "pivotrl", "pivotrl x best", "pivotrl/fluid"],
