@@ -209,8 +209,8 @@ def objective(bars: list[Bar]) -> float:
 
 
 def parse_value(text: str) -> tuple[str, float | int]:
-    """``NAME=VALUE`` of one fitted constant (``--start``), the batch a whole number of prompts; the range is checked
-    by ``Calibration``."""
+    """``NAME=VALUE`` of one fitted constant (``--start``), the batch a whole number of prompts, within its range
+    (``Calibration`` names the field otherwise)."""
     name, sep, value = text.partition("=")
     name = name.strip()
     if not sep or name not in BOUNDS:
@@ -220,6 +220,7 @@ def parse_value(text: str) -> tuple[str, float | int]:
     except ValueError:
         kind = "a whole number" if name in INTEGER else "a number"
         raise ValueError(f"{name} must be {kind} in [{BOUNDS[name][0]}, {BOUNDS[name][1]}]; got {value!r}") from None
+    Calibration(**{name: number})
     return name, number
 
 

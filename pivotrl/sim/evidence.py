@@ -154,7 +154,7 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  evaluation {n}: {cal.label()}: sum of squared log errors {value:.4f}", flush=True)
 
     measure = Measure(num_steps=args.steps or 8, warmup_steps=args.warmup_steps)
-    start = dataclasses.replace(CALIBRATED, **dict(getattr(args, "start", [])))
+    start = dataclasses.replace(CALIBRATED, **dict(args.start))
     print(f"each bar: {measure.num_steps}-step runs, the first {measure.warmup_steps} steps not counted; fitting "
           f"{', '.join(args.constants)} from {'the adopted set' if start == CALIBRATED else 'the given start'} "
           f"({start.label()})", flush=True)

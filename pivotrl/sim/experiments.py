@@ -27,7 +27,7 @@ from pivotrl.sim import paper, plots
 from pivotrl.sim.ablations import fig11, fig14, floor, migration, reprefill
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig
 from pivotrl.sim.calibrate import BOUNDS as CALIBRATION_BOUNDS
-from pivotrl.sim.calibrate import Calibration, parse_value
+from pivotrl.sim.calibrate import parse_value
 from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
 from pivotrl.sim.results import SimResult
@@ -245,11 +245,9 @@ EXPERIMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 def _start_value(text: str) -> tuple[str, float | int]:
     try:
-        name, value = parse_value(text)
-        Calibration(**{name: value})  # the range, named
+        return parse_value(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return name, value
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
