@@ -31,6 +31,7 @@ from pivotrl.control.plane import ControlPlane
 from pivotrl.planner.state import DeviceInfo, InferenceRole
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim.config import SimConfig
+from pivotrl.sim.fluid import token_charge
 from pivotrl.sim.hardware import CatalogHardware, SimHardware
 from pivotrl.sim.results import SimResult, TimelinePoint
 from pivotrl.sim.roles import HostKV, SimRole, SimSlot
@@ -97,7 +98,8 @@ class Simulator:
             histories[role] = self.hw.belief_history(role)  # a real run's beliefs: the first from the start, the rest
             belief = histories[role][0][1] if histories[role] else belief  # at their times (below)
             self.roles[role] = SimRole(role, tp, truth, belief, seed, sigma, lengths=lengths, now=self.now,
-                                       schedule=self.schedule, on_finished=self._finished, events=self.events, kv=kv)
+                                       schedule=self.schedule, on_finished=self._finished, events=self.events, kv=kv,
+                                       charge=token_charge(truth, *wl.lengths(role)))
         self.deployment = deployment
         self.plane = ControlPlane(backend=self, clock=self, deployment=deployment, num_steps=wl.num_steps,
                                   seqs_per_step=wl.seqs_per_step, events=self.events)
@@ -163,7 +165,7 @@ class Simulator:
     def _watchdog(self, idle_since: float) -> None:
         """Raise if no sequence ran, no training ran and no shift was in flight for ``idle_stall_s``."""
         busy = self.ledger.training_running or self.deployment.busy(self.plane) or any(
-            rep.seqs for rt in self.roles.values() for rep in rt.replicas.values())
+            rep.has_work for rt in self.roles.values() for rep in rt.replicas.values())
         idle_since = self._now if busy else idle_since
         if self._now - idle_since >= self.cfg.idle_stall_s:
             raise SimulationStalled(self._stall_report(f"idle for {self._now - idle_since:.0f} s with work waiting"))

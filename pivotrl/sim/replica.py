@@ -10,9 +10,17 @@ Prefills run first-come first-served and stall the replica's decode (a chunked p
 prompt fills the engine's token budget, so its steps are compute bound); a sequence that leaves
 before its prefill finished takes its unfinished prefill time back out of the replica's clock.
 
-Invariants: ``tokens`` = Σ (prompt + generated) over the sequences; a sequence's generated count is
-``gen_offset + iteration``; every token counted in ``generated_total`` was produced exactly once;
-the clock never moves backwards.
+KV capacity is the engine's, as vLLM enforces it (recompute preemption): an iteration runs only if
+every running sequence's next token fits (``tokens + n <= kv_capacity_tokens``); when it would not,
+the most recently started sequence is preempted (its KV cache dropped, its generated tokens kept)
+until it does, and preempted sequences resume, last preempted first, as soon as a boundary leaves
+room for their prompt plus generated tokens (re-prefilled) and one more iteration. A sequence alone
+on its replica always runs, even beyond capacity (an engine would refuse such a request outright).
+
+Invariants: ``tokens`` = Σ (prompt + generated) over the running sequences; a sequence's generated
+count is ``gen_offset + iteration`` (running) or frozen in ``held`` (preempted); every token counted in
+``generated_total`` was produced exactly once; the clock never moves backwards; an iteration with two
+or more sequences reads at most ``kv_capacity_tokens - n`` KV tokens.
 """
 from __future__ import annotations
 
@@ -32,7 +40,8 @@ class SimReplica:
     """Closed-form state of one engine instance."""
 
     __slots__ = ("replica_id", "role", "device_ids", "truth", "clock", "iteration", "tokens", "seqs", "ends",
-                 "K", "factor", "version", "generated_total", "kv_saved_at", "_rng", "_sigma")
+                 "K", "factor", "version", "generated_total", "kv_saved_at", "held", "num_preemptions", "_rng",
+                 "_sigma")
 
     def __init__(self, replica_id: int, role: str, device_ids: tuple[int, ...], truth: TrueLatency,
                  rng: np.random.Generator, sigma: float, clock: float) -> None:
@@ -50,6 +59,9 @@ class SimReplica:
         self.version = 0  # bumped on every change: completion events carry it
         self.generated_total = 0
         self.kv_saved_at = 0.0  # when the copies of aborted sequences' KV caches to host memory are done
+        # preempted sequences (KV dropped), in preemption order: seq_id -> [prompt, generated, response]
+        self.held: dict[int, list[int]] = {}
+        self.num_preemptions = 0
         self._rng = rng
         self._sigma = sigma
 
@@ -62,9 +74,23 @@ class SimReplica:
         return self.seqs[seq_id][1] + self.iteration
 
     def sequences(self) -> list[tuple[int, int, int]]:
-        """(seq_id, prompt_tokens, generated_tokens) of every running sequence at ``clock``."""
+        """(seq_id, prompt_tokens, generated_tokens) of every sequence at ``clock``, running or preempted."""
         it = self.iteration
-        return [(sid, rec[0], rec[1] + it) for sid, rec in self.seqs.items()]
+        return [(sid, rec[0], rec[1] + it) for sid, rec in self.seqs.items()] + [
+            (sid, rec[0], rec[1]) for sid, rec in self.held.items()]
+
+    @property
+    def has_work(self) -> bool:
+        """Any sequence assigned here, running or preempted."""
+        return bool(self.seqs or self.held)
+
+    def room(self) -> int:
+        """Iterations the running set can take before its KV cache outgrows the capacity (a lone sequence: no
+        limit)."""
+        n = len(self.seqs)
+        if n <= 1:
+            return 1 << 62
+        return max((self.truth.kv_capacity_tokens - self.tokens) // n, 0)
 
     def remaining_min(self) -> int:
         """Iterations until the next sequence finishes (requires a sequence)."""
@@ -80,7 +106,7 @@ class SimReplica:
         """Time of the next completion, or None when empty."""
         if not self.seqs:
             return None
-        r = self.remaining_min()
+        r = min(self.remaining_min(), self.room())  # a completion, or the boundary where the KV cache is full
         return self.clock + series_time(self.truth.A, self.K, self.tokens, len(self.seqs), r, self.factor)
 
     def throughput(self) -> float:
@@ -93,7 +119,8 @@ class SimReplica:
         """Advance to the first iteration boundary at or after ``now`` (or to the next completion).
 
         Returns the iterations advanced and the sequences that finished at the new ``clock``
-        (removed from the replica); the caller must mirror both in the scheduler.
+        (removed from the replica); the caller must mirror both in the scheduler. It stops early where
+        the KV cache is full: the caller then ``make_room`` s.
         """
         n = len(self.seqs)
         if n == 0:
@@ -103,9 +130,10 @@ class SimReplica:
             return 0, []
         r = self.remaining_min()
         if to_completion:
-            m = r
+            m = min(r, self.room())
         else:
-            m = min(r, iterations_to_reach(self.truth.A, self.K, self.tokens, n, now - self.clock - EPS_S, self.factor))
+            m = min(r, self.room(),
+                    iterations_to_reach(self.truth.A, self.K, self.tokens, n, now - self.clock - EPS_S, self.factor))
         if m == 0:
             return 0, []
         self.clock += series_time(self.truth.A, self.K, self.tokens, n, m, self.factor)
@@ -141,8 +169,35 @@ class SimReplica:
         heapq.heappush(self.ends, (self.iteration + response - generated, seq_id))
         return prefill
 
+    def make_room(self, now: float) -> float | None:
+        """At a boundary: preempt until the next iteration fits in the KV cache, else resume preempted sequences
+        that fit with room for one more iteration. Returns the seconds of the resumed sequences' re-prefills (0.0
+        after a preemption), or None when nothing changed; the caller must ``refresh`` after a change."""
+        cap, seqs = self.truth.kv_capacity_tokens, self.seqs
+        if len(seqs) > 1 and self.tokens + len(seqs) > cap:
+            while len(seqs) > 1 and self.tokens + len(seqs) > cap:
+                sid = next(reversed(seqs))  # vLLM preempts the most recently scheduled request
+                prompt, offset, end, _, _ = seqs.pop(sid)
+                generated = offset + self.iteration
+                self.tokens -= prompt + generated
+                self.held[sid] = [prompt, generated, generated + end - self.iteration]
+                self.num_preemptions += 1
+            return 0.0
+        recompute = None
+        while self.held:
+            sid = next(reversed(self.held))  # the last preempted is at the head of vLLM's waiting queue
+            prompt, generated, response = self.held[sid]
+            if seqs and self.tokens + prompt + generated + len(seqs) + 1 > cap:
+                break
+            del self.held[sid]
+            recompute = (recompute or 0.0) + self.join(sid, prompt, generated, response, now)
+        return recompute
+
     def leave(self, seq_id: int, now: float) -> int:
         """Stop ``seq_id`` at ``now`` (it keeps its tokens elsewhere); returns its generated tokens."""
+        held = self.held.pop(seq_id, None)
+        if held is not None:  # preempted: no KV cache to drop
+            return held[1]
         prompt, offset, _, ready_at, prefill = self.seqs.pop(seq_id)
         if ready_at > now:  # its prefill had not finished: the replica does not spend the rest
             self.clock = max(now, self.clock - min(prefill, ready_at - now))

@@ -54,21 +54,22 @@ class SimResult:
     timeline: tuple[TimelinePoint, ...] = ()
     shifts: tuple[dict[str, Any], ...] = ()
     kv_overflows: int = 0
+    kv_preemptions: int = 0  # sequences the engines preempted for KV capacity (re-prefilled when they resumed)
     discarded_tokens: int = 0  # generated, then thrown away by a restart (strategies without migration)
     events: tuple[dict[str, Any], ...] = ()  # the event record (``SimConfig.record_events``)
     held_device_s: dict[str, float] = field(default_factory=dict)  # device-seconds each role held
     extra: dict[str, Any] = field(default_factory=dict)
     finished_s: float = 0.0  # when the last trained version was published (the runtime's end of a run)
     # devices x finished_s split by use (device-seconds): decode iterations per role, prefills, re-prefills of
-    # migrated sequences, training, shift phases, replicas held without an iteration to run, devices no role held,
+    # migrated sequences, re-prefills of sequences the engines preempted for KV capacity, training, shift phases, replicas held without an iteration to run, devices no role held,
     # and (out of those last two) what was left so while the staleness bound held the next step back
     device_s_by_use: dict[str, float] = field(default_factory=dict)
     step_tokens: tuple[int, ...] = ()  # tokens rollout and GenRM generated for each step (they add up to generated_tokens)
     # device_s_by_use's shifting split by shift phase, "<role> <direction>" (as the event record's shift_phase names it)
     shift_device_s_by_phase: dict[str, float] = field(default_factory=dict)
-    # per inference role, of its decode device-seconds those beyond the fluid bound's charge for the same tokens (each
-    # at the compute-bound rate, tp·(A·context + C)): iterations at batches below the roofline's knee (the tails) and
-    # the per-iteration overhead
+    # per inference role, of its decode device-seconds those beyond the fluid bound's charge for the same tokens
+    # (``TrueLatency.token_charge``): iterations at batches below the roofline's knee (the tails) and the fixed cost of
+    # iterations that read less than a full KV cache
     decode_above_bound_device_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -113,6 +114,7 @@ class SimResult:
             timeline=tuple(sim.timeline),
             shifts=tuple(sim.shifts),
             kv_overflows=sum(rt.num_overflows for rt in roles),
+            kv_preemptions=sum(rt.preemptions() for rt in roles),
             discarded_tokens=sum(rt.discarded_tokens for rt in roles),
             events=tuple(sim.events.events),
             held_device_s=held,
@@ -139,11 +141,12 @@ def _device_s_by_use(sim: "Simulator", end: float, held: dict[str, float]) -> di
     ``held_without_work``, which keep the rest."""
     ro, rm = sim.roles["rollout"], sim.roles["reward"]
     reprefill = ro.reprefill_device_s + rm.reprefill_device_s
+    recompute = ro.recompute_device_s + rm.recompute_device_s
     out = {"decode_rollout": ro.decode_device_s, "decode_reward": rm.decode_device_s,
-           "prefill": ro.prefill_device_s + rm.prefill_device_s - reprefill, "reprefill": reprefill,
-           "training": held["training"], "shifting": sim.shift_device_s}
+           "prefill": ro.prefill_device_s + rm.prefill_device_s - reprefill - recompute, "reprefill": reprefill,
+           "preempt_recompute": recompute, "training": held["training"], "shifting": sim.shift_device_s}
     out["held_without_work"] = max(held["rollout"] + held["reward"] - sum(out[k] for k in (
-        "decode_rollout", "decode_reward", "prefill", "reprefill")), 0.0)
+        "decode_rollout", "decode_reward", "prefill", "reprefill", "preempt_recompute")), 0.0)
     out["idle"] = max(sim.cfg.scenario.num_devices * end - sum(held.values()) - out["shifting"], 0.0)
     held_stall, idle_stall = _staleness_stall(sim, end)
     held_stall, idle_stall = min(held_stall, out["held_without_work"]), min(idle_stall, out["idle"])

@@ -28,7 +28,7 @@ import numpy as np
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim.catalog import DeviceSpec, ModelSpec
 
-__all__ = ["HardwareConfig", "TrueLatency", "fit_belief", "noise_factor"]
+__all__ = ["HardwareConfig", "TokenCharge", "TrueLatency", "fit_belief", "noise_factor"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,9 +118,41 @@ class TrueLatency:
         """Noiseless seconds to prefill one sequence of ``tokens`` tokens."""
         return self.prefill_per_token_s * tokens + self.prefill_per_token2_s * tokens * tokens
 
-    def best_token_cost_s(self, context_tokens: float) -> float:
-        """A lower bound of device·seconds per generated token at ``context_tokens`` of context."""
-        return self.tp * (self.A * context_tokens + self.C)
+    def token_charge(self, mean_context: float, max_sequence_tokens: float) -> "TokenCharge":
+        """The most the fluid bound can charge each generated token on this replica, as a rate per token and per
+        context token, for a workload whose tokens see ``mean_context`` on average (token-weighted) and whose
+        longest sequence holds ``max_sequence_tokens``.
+
+        An iteration over ``n`` sequences reading ``t = Σc`` KV tokens costs at least
+        ``A·t + max(B(n), C·n) + E·n + D``, and ``t <= cap = max(kv_capacity_tokens, max_sequence_tokens)``:
+        the engine preempts rather than outgrow its KV cache unless a sequence runs alone. So
+        ``D >= D·t/cap``, and any per-token ``α`` and per-context ``β`` with ``α·n + β·cap <= max(B(n), C·n) + D``
+        for every ``n >= 1`` charge an iteration no more than it costs. Two such points: ``(C, D/cap)`` (the
+        compute floor) and ``(0, (max(B(1), C) + D)/cap)`` (the weight-streaming floor of a batch that fills the
+        cache; ``B`` only grows with ``n``). Both are lower bounds, so the larger total over the workload is one."""
+        cap = max(float(self.kv_capacity_tokens), float(max_sequence_tokens), 1.0)
+        compute = (self.C, self.D / cap)
+        weights = (0.0, (max(self.weight_s(1), self.C) + self.D) / cap)
+        alpha, beta = max(compute, weights, key=lambda ab: ab[0] + ab[1] * mean_context)
+        return TokenCharge(tp=self.tp, per_token_s=alpha + self.E, per_context_s=self.A + beta)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCharge:
+    """What the fluid bound charges one generated token at ``context`` KV tokens, in device·seconds:
+    ``tp·(per_context_s·context + per_token_s)`` (``TrueLatency.token_charge``)."""
+
+    tp: int
+    per_token_s: float
+    per_context_s: float
+
+    def cost_s(self, context_tokens: float) -> float:
+        return self.tp * (self.per_context_s * context_tokens + self.per_token_s)
+
+    def iterations_s(self, num_iterations: int, num_seqs: int, mean_kv_tokens: float) -> float:
+        """The charge of ``num_iterations`` iterations over ``num_seqs`` sequences reading ``mean_kv_tokens`` on
+        average."""
+        return self.tp * num_iterations * (self.per_context_s * mean_kv_tokens + self.per_token_s * num_seqs)
 
 
 def fit_belief(truth: TrueLatency, rng: np.random.Generator, sigma: float,

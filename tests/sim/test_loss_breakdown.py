@@ -102,8 +102,9 @@ def test_held_spans_add_up_to_the_planes_account() -> None:
 
 def test_decode_above_the_bound_is_each_iterations_fixed_cost_beyond_the_compute_bound_rate() -> None:
     """Noiseless measured engines: every decode iteration of batch n costs max(B, C·n) + D beyond its KV term, the
-    bound charges C·n of it, so the role's decode time above the bound is the sum, over the record's engine reports,
-    of steps x tp x (max(B, C·n) + D - C·n); with B = D = 0 it is none."""
+    bound charges C·n of it (and D/capacity per KV token read: nothing here, the caches are vast), so the role's
+    decode time above the bound is the sum, over the record's engine reports, of steps x tp x (max(B, C·n) + D - C·n);
+    with B = D = 0 it is none."""
     from pivotrl.scheduler import ThroughputModel
     from pivotrl.sim.measured import MeasuredHardware
 
@@ -111,7 +112,7 @@ def test_decode_above_the_bound_is_each_iterations_fixed_cost_beyond_the_compute
         return MeasuredHardware(
             engines={"rollout": ThroughputModel(A=2e-7, B=B, C=1e-3, D=D),
                      "reward": ThroughputModel(A=3e-7, B=2 * B, C=2e-3, D=D)},
-            kv_capacity_tokens={"rollout": 200_000, "reward": 100_000},
+            kv_capacity_tokens={"rollout": 2 * 10**13, "reward": 10**13},
             phases={"rollout up": {"parameters_s": 0.3}, "reward up": {"parameters_s": 0.4},
                     "training up": {"parameters_s": 0.2}, "training down": {"offloadable_s": 0.1}},
             training_fixed_s=0.3, training_s_per_token=2e-4, training_devices=2, publish_s=0.25)

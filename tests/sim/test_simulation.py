@@ -96,9 +96,13 @@ def test_fluid_work_bound_equals_token_by_token_sum() -> None:
     wl = sim.workload
     fixed = dataclasses.replace(sc, num_devices=8)
     brute = 0.0
-    for i in range(wl.seqs_per_step):
-        for truth, (p, r) in ((sim.roles["rollout"].truth, wl.rollout(i)), (sim.roles["reward"].truth, wl.judge(i))):
-            brute += truth.tp * truth.prefill_s(p) + sum(truth.best_token_cost_s(p + j) for j in range(r))
+    for role, lengths in (("rollout", wl.rollout), ("reward", wl.judge)):
+        truth = sim.roles[role].truth
+        seqs = [lengths(i) for i in range(wl.seqs_per_step)]
+        contexts = [p + j for p, r in seqs for j in range(r)]  # every generated token's context
+        charge = truth.token_charge(sum(contexts) / len(contexts), max(p + r for p, r in seqs))
+        assert sim.roles[role].charge == charge  # the run's decode-above-bound uses the bound's charge
+        brute += sum(truth.tp * truth.prefill_s(p) for p, _ in seqs) + sum(charge.cost_s(c) for c in contexts)
     brute += sim.hw.training_s(wl.training_tokens(0), 1)
     bound = fluid_bound(fixed, wl, cfg.hardware, cfg.costs)
     assert bound.work_s == pytest.approx(brute / fixed.num_devices, rel=1e-9)
