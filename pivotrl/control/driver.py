@@ -137,9 +137,10 @@ class RoleDriver:
         if self._depth == 0 and self._room_freed:
             self.dispatch()
 
-    def advance(self, replica_id: int, num_iterations: int) -> None:
-        """Every sequence on the replica generated ``num_iterations`` more tokens."""
-        self.scheduler.advance(replica_id, num_iterations)
+    def advance(self, replica_id: int, num_iterations: int, paused: Iterable[int] = ()) -> None:
+        """Every sequence on the replica but ``paused`` (its engine preempted them) generated ``num_iterations`` more
+        tokens."""
+        self.scheduler.advance(replica_id, num_iterations, paused)
 
     def set_generated(self, seq_id: int, generated_tokens: int) -> None:
         """An engine's exact generated count for a running sequence."""

@@ -178,14 +178,23 @@ class ShiftAwareScheduler:
         seq = self._new_sequence(seq_id, prompt_tokens, generated_tokens)
         self._attach(seq, self._table.slot_of[replica_id])
 
-    def advance(self, replica_id: ReplicaId, num_iterations: int = 1) -> None:
-        """Every sequence on the replica generated ``num_iterations`` more tokens (O(1))."""
+    def advance(self, replica_id: ReplicaId, num_iterations: int = 1, paused: Iterable[int] = ()) -> None:
+        """Every sequence on the replica generated ``num_iterations`` more tokens (O(1)), but those in ``paused``
+        (sequences on the replica its engine did not run, e.g. preempted for KV room: O(len(paused)))."""
         self._known(replica_id)
         if isinstance(num_iterations, bool) or not isinstance(num_iterations, (int, np.integer)) or num_iterations < 0:
             raise ValueError(f"advance: num_iterations must be an integer >= 0, got {num_iterations!r}")
         slot = self._table.slot_of[replica_id]
+        rows = [self._running_row(seq_id) for seq_id in paused]
+        run = self._running
+        if rows and (run.slot[rows] != slot).any():
+            raise ValueError(f"advance: paused sequences must run on replica {replica_id!r}")
+        if len(set(rows)) != len(rows):
+            raise ValueError("advance: a paused sequence is named twice")
         self._table.iteration[slot] += num_iterations
-        self._table.change(slot, 0, num_iterations * self._table.n(slot))
+        if rows:
+            run.offset[rows] -= num_iterations
+        self._table.change(slot, 0, num_iterations * (self._table.n(slot) - len(rows)))
 
     def set_generated(self, seq_id: int, generated_tokens: int) -> None:
         """Record the exact generated-token count an engine reported for a running sequence."""

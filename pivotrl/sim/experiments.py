@@ -123,10 +123,11 @@ def _fig9(args: argparse.Namespace, title: str, png: str) -> dict[str, Any]:
     print("\nwhere each best run's device time went (% of devices x run time; bound work: the fluid bound's "
           "device-seconds of useful work, the least any run can spend; staleness stall: idle or held without work "
           "while the staleness bound held the next step back, not in the two columns before it; decode above bound: "
-          "of the two decode columns, the device time beyond the bound's compute-bound charge for the same tokens, "
-          "i.e. iterations at small batches (tails) and per-iteration overhead):")
-    uses = ("decode_rollout", "decode_reward", "decode_above_bound", "prefill", "reprefill", "training", "shifting",
-            "held_without_work", "idle", "staleness_stall")
+          "of the two decode columns, the device time beyond the bound's charge for the same tokens, i.e. "
+          "iterations at small batches (tails) and the fixed cost of iterations below a full KV cache; preempt "
+          "recompute: re-prefills of sequences the engines preempted for KV capacity):")
+    uses = ("decode_rollout", "decode_reward", "decode_above_bound", "prefill", "reprefill", "preempt_recompute",
+            "training", "shifting", "held_without_work", "idle", "staleness_stall")
     table(["group", "deployment", "device-h", "bound work %"] + [u.replace("_", " ") + " %" for u in uses],
            [[g["name"], k, f"{v['device_s'] / 3600:.1f}", f"{100 * v['bound_work_device_s'] / v['device_s']:.1f}"]
             + [f"{100 * v[u] / v['device_s']:.1f}" for u in uses] for g in groups for k, v in g["loss"].items()])

@@ -274,9 +274,7 @@ class SimRole:
                 self.busy_spans.append((start, rep.clock, self.tp))
                 kv_mean = kv0 + running * (m - 1) / 2  # KV tokens of the segment's iterations, on average
                 self.decode_bound_device_s += self.charge.iterations_s(m, running, kv_mean)
-                driver.advance(rep.replica_id, m)
-                for seq_id, (_, generated, _) in rep.held.items():  # preempted sequences did not advance
-                    driver.set_generated(seq_id, generated)
+                driver.advance(rep.replica_id, m, rep.held)  # preempted sequences did not advance
                 if events.enabled:
                     self._report(rep, start, kv0, running, m, len(finished), series_time(A, K, kv0, running, m - 1, f))
             for seq_id in finished:

@@ -341,3 +341,41 @@ def test_a_dry_replica_takes_sequences_from_a_crowded_one() -> None:
     actions = s.rebalance()
     assert s.replica("b").num_seqs > 0 and s.aggregate_throughput() > t0
     assert {a.replica_id for a in actions if isinstance(a, Dispatch)} == {"b"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(replica_specs, seqs, st.integers(0, 40), st.data())
+def test_advance_with_paused_sequences_is_advance_then_their_counts_restored(specs, sequences, k, data) -> None:
+    """Oracle: advancing a replica with some sequences paused (its engine preempted them) leaves exactly the state of
+    advancing all of them and then restoring the paused ones' counts one by one."""
+    a, b = build(specs, sequences), build(specs, sequences)
+    a.dispatch(), b.dispatch()
+    rid = data.draw(st.sampled_from(a.replica_ids))
+    on = sorted(q.seq_id for q in a.sequences_on(rid))
+    paused = data.draw(st.lists(st.sampled_from(on), unique=True) if on else st.just([]))
+    before = {q.seq_id: q.generated_tokens for q in b.sequences_on(rid)}
+    a.advance(rid, k, paused)
+    b.advance(rid, k)
+    for sid in paused:
+        b.set_generated(sid, before[sid])
+    a.check_invariants()
+    assert sorted(map(tuple, a.sequences_on(rid))) == sorted(map(tuple, b.sequences_on(rid)))
+    assert {sid: before[sid] for sid in paused} == {q.seq_id: q.generated_tokens for q in a.sequences_on(rid)
+                                                    if q.seq_id in paused}
+    va, vb = a.replica(rid), b.replica(rid)
+    assert (va.num_seqs, va.num_tokens) == (vb.num_seqs, vb.num_tokens)
+    assert a.aggregate_throughput() == pytest.approx(b.aggregate_throughput(), rel=1e-12)
+
+
+def test_advance_refuses_paused_sequences_of_another_replica_or_named_twice() -> None:
+    s = build([(0, 20_000), (1, 20_000)], [(100, 0)] * 6)
+    s.dispatch()
+    elsewhere = next(q.seq_id for q in s.sequences_on(1)) if s.sequences_on(1) else None
+    here = [q.seq_id for q in s.sequences_on(0)]
+    if elsewhere is not None:
+        with pytest.raises(ValueError, match="paused sequences must run on replica 0"):
+            s.advance(0, 3, [elsewhere])
+    with pytest.raises(ValueError, match="named twice"):
+        s.advance(0, 3, [here[0], here[0]])
+    with pytest.raises(KeyError, match="not running"):
+        s.advance(0, 3, [999])
