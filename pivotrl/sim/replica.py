@@ -177,10 +177,10 @@ class SimReplica:
         if len(seqs) > 1 and self.tokens + len(seqs) > cap:
             while len(seqs) > 1 and self.tokens + len(seqs) > cap:
                 sid = next(reversed(seqs))  # vLLM preempts the most recently scheduled request
-                prompt, offset, end, _, _ = seqs.pop(sid)
-                generated = offset + self.iteration
-                self.tokens -= prompt + generated
-                self.held[sid] = [prompt, generated, generated + end - self.iteration]
+                prompt, _, end, _, _ = seqs[sid]
+                remaining = end - self.iteration
+                generated = self.leave(sid, now)  # a prefill not yet run is taken back out of the clock
+                self.held[sid] = [prompt, generated, generated + remaining]
                 self.num_preemptions += 1
             return 0.0
         recompute = None
