@@ -61,8 +61,9 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
     finished_s: float = 0.0  # when the last trained version was published (the runtime's end of a run)
     # devices x finished_s split by use (device-seconds): decode iterations per role, prefills, re-prefills of
-    # migrated sequences, re-prefills of sequences the engines preempted for KV capacity, training, shift phases, replicas held without an iteration to run, devices no role held,
-    # and (out of those last two) what was left so while the staleness bound held the next step back
+    # migrated sequences, re-prefills of sequences the engines preempted for KV capacity, training, shift phases,
+    # replicas held without an iteration to run, devices no role held, and (out of those last two) what was left so
+    # while the staleness bound held the next step back
     device_s_by_use: dict[str, float] = field(default_factory=dict)
     step_tokens: tuple[int, ...] = ()  # tokens rollout and GenRM generated for each step (they add up to generated_tokens)
     # device_s_by_use's shifting split by shift phase, "<role> <direction>" (as the event record's shift_phase names it)
