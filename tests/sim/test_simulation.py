@@ -116,6 +116,10 @@ def test_workload_is_a_function_of_seed_and_respects_limits() -> None:
     assert a.prompt.max() <= cfg.prompt.max_tokens
     s, i = divmod(13, a.seqs_per_step)
     assert a.judge(13)[0] == a.prompt[s, i] + a.response[s, i] + cfg.judge_template_tokens
+    assert (a.lengths("reward")[0][s, i], a.lengths("reward")[1][s, i]) == a.judge(13)
+    assert (a.lengths("rollout")[0][s, i], a.lengths("rollout")[1][s, i]) == a.rollout(13)
+    with pytest.raises(ValueError, match="role must be 'rollout' or 'reward', got 'training'"):
+        a.lengths("training")
 
 
 @pytest.mark.parametrize("kind", sorted(DEPLOYMENTS))
