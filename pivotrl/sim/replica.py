@@ -14,7 +14,8 @@ KV capacity is the engine's, as vLLM enforces it (recompute preemption): an iter
 every running sequence's next token fits (``tokens + n <= kv_capacity_tokens``); when it would not,
 the most recently started sequence is preempted (its KV cache dropped, its generated tokens kept)
 until it does, and preempted sequences resume, last preempted first, as soon as a boundary leaves
-room for their prompt plus generated tokens (re-prefilled) and one more iteration. A sequence alone
+room for their prompt plus generated tokens (re-prefilled), one more iteration and a watermark of 1 % of the cache
+(``RESUME_WATERMARK``; without it a resumed sequence is preempted again one iteration later). A sequence alone
 on its replica always runs, even beyond capacity (an engine would refuse such a request outright).
 
 Invariants: ``tokens`` = Σ (prompt + generated) over the running sequences; a sequence's generated
@@ -34,6 +35,9 @@ from pivotrl.sim.truth import TrueLatency, noise_factor
 __all__ = ["SimReplica"]
 
 EPS_S = 1e-9  # times closer than this are the same instant (float round-off of summed series)
+# share of a replica's KV cache left free when a preempted sequence resumes (vLLM's block manager admits a waiting
+# request only above a 1 % watermark of free blocks), so that it is not preempted again an iteration later
+RESUME_WATERMARK = 0.01
 
 
 class SimReplica:
@@ -184,10 +188,11 @@ class SimReplica:
                 self.num_preemptions += 1
             return 0.0
         recompute = None
+        keep = len(seqs) + 1 + int(RESUME_WATERMARK * cap)  # the next iteration's tokens and the watermark
         while self.held:
             sid = next(reversed(self.held))  # the last preempted is at the head of vLLM's waiting queue
             prompt, generated, response = self.held[sid]
-            if seqs and self.tokens + prompt + generated + len(seqs) + 1 > cap:
+            if seqs and self.tokens + prompt + generated + keep > cap:
                 break
             del self.held[sid]
             recompute = (recompute or 0.0) + self.join(sid, prompt, generated, response, now)
