@@ -187,6 +187,8 @@ class SimReplica:
                 self.held[sid] = [prompt, generated, generated + remaining]
                 self.num_preemptions += 1
             return 0.0
+        if not self.held:
+            return None
         recompute = None
         keep = len(seqs) + 1 + int(RESUME_WATERMARK * cap)  # the next iteration's tokens and the watermark
         while self.held:
