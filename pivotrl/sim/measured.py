@@ -6,8 +6,9 @@ A run folder of the real pipeline (``pivotrl.runtime``) records what its engines
 the same run: the same deployment and control, the same sequences, and a cluster that costs what the run measured:
 
 * **engines**: per inference role, the App. A model fitted to the run's clean decode reports (``tokens`` records
-  whose batch did not change: ``pivotrl.control.beliefs.decode_sample``), used both as the simulated truth and as
-  the belief the planner gets; decode only (prefills are folded into the reports left out of the fit, see
+  whose batch did not change: ``pivotrl.control.beliefs.decode_sample``) and scaled to the wall clock of every
+  iteration the role ran (``fit_engine``), used both as the simulated truth and as the belief the planner gets;
+  no separate prefill (a join's prefill is folded into the iterations it delayed, see
   ``MeasuredHardware.prefill_s_per_token``);
 * **shifts**: the median measured seconds of each ``<role> <direction>`` phase (``shift_phase`` records), with the
   run's own parts (weights, KV cache, optimizer states); an inference role's shift up also waits the median delay
@@ -74,7 +75,7 @@ class MeasuredHardware:
     write_first: bool = True  # the runtime writes the trained version to GPS, then shifts training down
     # (training-set size, seconds per trained token) measured over several runs; when given, training_s follows it
     training_by_devices: tuple[tuple[int, float], ...] = ()
-    prefill_s_per_token: float = 0.0  # not separable from the decode reports on this runtime
+    prefill_s_per_token: float = 0.0  # not separable from the decode reports: folded into the engine's scale
     # per inference role, what the run's control plane believed when: (from time s, model), in time order (summary.json
     # "beliefs"); empty: the fit of ``engines`` throughout
     beliefs: dict[str, tuple[tuple[float, ThroughputModel], ...]] = dataclasses.field(default_factory=dict)
@@ -179,19 +180,36 @@ def pooled(runs: list["MeasuredRun"], reference: "MeasuredRun") -> MeasuredHardw
     return dataclasses.replace(reference.hardware, training_by_devices=points, beliefs={}, taus={})
 
 
-def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
+def fit_engine(events: list[dict[str, Any]], role: str, lengths: dict[int, int] | None = None) -> ThroughputModel:
     """The App. A model of ``role``'s engine iterations as the run's wall clock saw them.
 
-    Samples: the clean decode reports (no join, no finish: ``decode_sample``); one of a replica that was decoding
-    since its previous report is timed from that report to this one, so what a device spends per iteration outside
-    the engine's own step (the emulated device's pacing, the worker's messages and log-probs) is in it; one after
-    an idle spell, by the engine's own step time; one across a weight reload is left out. Then scaled so that the
-    samples' iterations take as long in all as they measured (the fit's relative least squares sits near the median
-    of right-skewed noise, and the simulator wants the total). The scale is a ratio of sums over iterations, not a
+    Shape: the fit of the clean decode reports (no join, no finish: ``decode_sample``), the only ones whose
+    iterations decoded one token for each of a known batch. Scale: so that the model, run over *every* iteration the
+    role's engines ran (each report that generated tokens, at its batch: the sequences running plus those that
+    finished in it), takes as long in all as those iterations took on the run's wall clock. The simulator charges
+    no prefill on this cluster (``MeasuredHardware.prefill_s_per_token``), so what a join's prefill cost the run is
+    folded into the decode iterations it delayed, and the scale does not depend on which reports happened to be
+    clean: scaled over the clean reports alone, the GenRM's fit charged the run's own iterations 0.89-1.23x their
+    wall clock (2026-12-07's fidelity runs; it is the small batches of a shifting deployment's GenRM, mostly joins and
+    finishes, that a fit of the clean reports gets wrong) and the fidelity's worst ratio error was 17.9 %; scaled
+    over all of them, 8.0 %.
+
+    A report's batch and KV: its running sequences (``kv`` is theirs, after the iteration, as ``decode_sample``
+    averages it) and those that finished in it, each holding its whole length but its last token (``lengths``:
+    sequence id -> the tokens it holds at its end; a replica's finishes, in order, are the ones its reports count, in
+    order); without ``lengths``, or where a replica's finish events and its reports' counts disagree, a finished
+    sequence is taken to hold the running ones' mean.
+
+    Timing of a report: one of a replica that was decoding since its previous report is timed from that report to
+    this one, so what a device spends per iteration outside the engine's own step (the emulated device's pacing, the
+    worker's messages and log-probs) is in it; one after an idle spell, by the engine's own step time; one across a
+    weight reload is left out (the reload is a cost of its own). The scale is a ratio of sums over iterations, not a
     mean of per-report ratios: a report of one iteration whose wall-clock interval caught a pause of the worker
     reads up to 20x its engine time, and averaging such reports as equals with reports of ten iterations made the
     fitted engine 1.5-3x slower than the run's own iterations (2026-12-05, the fidelity runs)."""
-    rows, weights = [], []  # (tokens, seqs, seconds per iteration); the iterations each row stands for
+    rows = []  # clean reports: (tokens, seqs, seconds per iteration)
+    spent = []  # every report that generated tokens: (mean KV tokens, batch, iterations, wall-clock seconds)
+    held = _finished_held(events, role, lengths or {})
     previous: dict[Any, dict[str, Any]] = {}
     devices: dict[Any, list[int]] = {}
     reloads: dict[int, list[tuple[float, float]]] = {}  # device -> new weights loaded into its live engine (from, to)
@@ -204,25 +222,55 @@ def fit_engine(events: list[dict[str, Any]], role: str) -> ThroughputModel:
         if e["kind"] != "tokens" or e["role"] != role:
             continue
         before, previous[e["replica"]] = previous.get(e["replica"]), e
-        s = decode_sample(kv_used_tokens=e["kv"], num_running_seqs=e["running"], num_new_tokens=e["tokens"],
-                          num_steps=e["steps"], latency_s=e["seconds"], num_finished=e["finished"], time_s=e["t"])
-        if s is None:
+        if e["tokens"] <= 0 or e["steps"] < 1 or e["seconds"] <= 0:
             continue
         if before is None or before["running"] == 0:  # the engine may have idled since its last report: its own time
-            rows.append(s.row())
+            seconds = e["seconds"]
         elif not any(lo < e["t"] and hi > before["t"] for d in devices.get(e["replica"], ())
                      for lo, hi in reloads.get(d, ())):  # (a weight reload paused it: a cost of its own)
-            rows.append((s.num_tokens, s.num_seqs, max(e["t"] - before["t"], e["seconds"]) / e["steps"]))
+            seconds = max(e["t"] - before["t"], e["seconds"])
         else:
             continue
-        weights.append(e["steps"])
+        kv = max(e["kv"] - e["running"] * (e["steps"] + 1) / 2.0, 0.0)  # as decode_sample averages it
+        if e["finished"]:
+            mean = e["kv"] / e["running"] if e["running"] else 0.0
+            kv += held.get(id(e), e["finished"] * mean)
+        spent.append((kv, max(e["running"] + e["finished"], 1), e["steps"], seconds))
+        s = decode_sample(kv_used_tokens=e["kv"], num_running_seqs=e["running"], num_new_tokens=e["tokens"],
+                          num_steps=e["steps"], latency_s=e["seconds"], num_finished=e["finished"], time_s=e["t"])
+        if s is not None:
+            rows.append((s.num_tokens, s.num_seqs, seconds / e["steps"]))
     if len(rows) < 4:
         raise MeasurementError(f"{role}: {len(rows)} clean decode reports in the event record, need >= 4 to fit "
                                f"its engine model")
     fit = ThroughputModel.fit(rows)
-    measured = sum(w * lat for w, (_, _, lat) in zip(weights, rows))
-    ratio = measured / sum(w * fit.latency(t, n) for w, (t, n, _) in zip(weights, rows))
+    ratio = sum(sec for *_, sec in spent) / sum(steps * fit.latency(kv, n) for kv, n, steps, _ in spent)
     return ThroughputModel(A=fit.A * ratio, B=fit.B * ratio, C=fit.C * ratio, D=fit.D * ratio)
+
+
+def _finished_held(events: list[dict[str, Any]], role: str, lengths: dict[int, int]) -> dict[int, float]:
+    """id(report) -> the KV tokens its finished sequences held before their last iteration, for each ``role`` report
+    that counts finishes on a replica whose ``finish`` events match its reports' counts and whose sequences'
+    ``lengths`` are known (the runtime records a finish before or after the report that counts it)."""
+    finishes: dict[Any, list[int]] = {}
+    reports: dict[Any, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("role") != role:
+            continue
+        if e["kind"] == "finish":
+            finishes.setdefault(e["replica"], []).append(int(e["seq"]))
+        elif e["kind"] == "tokens" and e["finished"]:
+            reports.setdefault(e["replica"], []).append(e)
+    out: dict[int, float] = {}
+    for replica, counted in reports.items():
+        seqs = finishes.get(replica, [])
+        if sum(e["finished"] for e in counted) != len(seqs) or any(q not in lengths for q in seqs):
+            continue
+        i = 0
+        for e in counted:
+            out[id(e)] = float(sum(max(lengths[q] - 1, 0) for q in seqs[i:i + e["finished"]]))
+            i += e["finished"]
+    return out
 
 
 def fit_training(samples: list[tuple[int, float]]) -> tuple[float, float]:
@@ -376,7 +424,11 @@ def measure_run(folder: Path | str) -> MeasuredRun:
     if not isinstance(kv, dict) or set(kv) != {"rollout", "reward"}:
         raise MeasurementError(f"{folder / 'summary.json'}: kv_capacity_tokens must give rollout and reward, got {kv!r}")
     beliefs, taus = _beliefs(summary, folder), _taus(events)
-    hardware = MeasuredHardware(engines={r: fit_engine(events, r) for r in ("rollout", "reward")}, beliefs=beliefs,
+    lengths = {"rollout": {int(r["seq_id"]): len(r["prompt_ids"]) + len(r["response_ids"] or ()) for r in seqs},
+               "reward": {int(r["seq_id"]): len(r["judge_prompt_ids"] or ()) + len(r["judgement_ids"] or ())
+                          for r in seqs}}
+    hardware = MeasuredHardware(engines={r: fit_engine(events, r, lengths[r]) for r in ("rollout", "reward")},
+                                beliefs=beliefs,
                                 taus=taus,
                                 kv_capacity_tokens={r: int(v) for r, v in kv.items()}, phases=phases,
                                 training_fixed_s=a, training_s_per_token=b, training_devices=training_devices,

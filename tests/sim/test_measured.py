@@ -268,3 +268,39 @@ def test_the_engine_fit_spends_the_measured_iterations_total_time(pauses: list[f
         assert s is not None
         predicted += e["steps"] * fitted.latency(s.num_tokens, s.num_seqs)
     assert predicted == pytest.approx(measured, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.tuples(st.integers(1, 24), st.integers(50, 30_000), st.booleans(), st.booleans()),
+                        min_size=6, max_size=30),
+       prefill=st.floats(0.0, 0.05), length=st.integers(2, 400))
+def test_the_engine_fit_takes_its_shape_from_clean_reports_and_its_scale_from_every_iteration(
+        batches: list[tuple[int, int, bool, bool]], prefill: float, length: int) -> None:
+    """Iterations where a sequence joins cost ``prefill`` more (the simulator charges no prefill on a measured
+    cluster), and some iterations end a sequence of ``length`` tokens: the fitted engine keeps the clean reports'
+    shape (a multiple of the engine) and, run over every iteration at its batch (running plus finished) and KV, takes
+    as long in all as they measured; scaled over the clean reports alone it would not, once a join cost anything."""
+    engine = ThroughputModel(A=2e-7, B=3e-3, C=6e-4, D=2e-3)  # kink at 5 sequences
+    clean = [(3, 2_000), (3, 9_000), (9, 1_500), (9, 12_000), (17, 4_000), (17, 20_000), (30, 9_000), (30, 40_000)]
+    events: list[dict[str, object]] = []
+    measured, model, seq, t = 0.0, 0.0, 0, 0.0
+    for running, kv, joins, finishes in [(n, kv, False, False) for n, kv in clean] + batches:
+        kv += running  # after the iteration; before it, ``kv`` (and each finished sequence's length but one)
+        batch = running + finishes
+        cost = engine.latency(kv - running + (length - 1) * finishes, batch)
+        dt = cost + prefill * joins
+        t += dt
+        measured += dt
+        model += cost
+        if finishes:
+            events.append({"kind": "finish", "t": t, "role": "rollout", "seq": seq, "replica": 0})
+            seq += 1
+        events.append({"kind": "tokens", "t": t, "role": "rollout", "replica": 0, "seconds": dt, "kv": kv,
+                       "running": running, "steps": 1, "finished": int(finishes), "tokens": batch + joins})
+    fitted = fit_engine(events, "rollout", {q: length for q in range(seq)})
+    ratio = fitted.latency(1000, 5) / engine.latency(1000, 5)
+    for tokens, seqs in ((100, 1), (5000, 12), (20_000, 40)):
+        assert fitted.latency(tokens, seqs) == pytest.approx(ratio * engine.latency(tokens, seqs), rel=1e-6)
+    assert ratio * model == pytest.approx(measured, rel=1e-6)  # every iteration, as long in all as measured
+    if prefill > 1e-4 and any(j for _, _, j, _ in batches):
+        assert ratio > 1 + 1e-6  # the joins' prefill is in the scale
