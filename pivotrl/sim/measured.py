@@ -193,7 +193,8 @@ def fit_engine(events: list[dict[str, Any]], role: str, lengths: dict[int, int] 
     wall clock (2026-12-07's fidelity runs; it is the small batches of a shifting deployment's GenRM, mostly joins and
     finishes, that a fit of the clean reports gets wrong) and the fidelity's worst ratio error on those runs was
     17.9 %; scaled over all of them, 8.0 %. On 42 fresh runs the same day: 17.7 %, the clean-report scale 13.8 %
-    (the runs of one allocation spread by up to 1.5x there; docs/simulator.md "Held to the real pipeline").
+    (the runs of one allocation spread by up to 1.5x there); both sets pooled, six runs a row: 7.4 %, the
+    clean-report scale 14.6 % (docs/simulator.md "Held to the real pipeline").
 
     A report's batch and KV: its running sequences (``kv`` is theirs, after the iteration, as ``decode_sample``
     averages it) and those that finished in it, each holding its whole length but its last token (``lengths``:
