@@ -184,31 +184,39 @@ def fit_engine(events: list[dict[str, Any]], role: str, lengths: dict[int, int] 
     """The App. A model of ``role``'s engine iterations as the run's wall clock saw them.
 
     Shape: the fit of the clean decode reports (no join, no finish: ``decode_sample``), the only ones whose
-    iterations decoded one token for each of a known batch. Scale: so that the model, run over *every* iteration the
-    role's engines ran (each report that generated tokens, at its batch: the sequences running plus those that
-    finished in it), takes as long in all as those iterations took on the run's wall clock. The simulator charges
-    no prefill on this cluster (``MeasuredHardware.prefill_s_per_token``), so what a join's prefill cost the run is
-    folded into the decode iterations it delayed, and the scale does not depend on which reports happened to be
-    clean: scaled over the clean reports alone, the GenRM's fit charged the run's own iterations 0.89-1.23x their
-    wall clock (2026-12-07's fidelity runs; it is the small batches of a shifting deployment's GenRM, mostly joins and
-    finishes, that a fit of the clean reports gets wrong) and the fidelity's worst ratio error on those runs was
-    17.9 %; scaled over all of them, 8.0 %. On 42 fresh runs the same day: 17.7 %, the clean-report scale 13.8 %
-    (the runs of one allocation spread by up to 1.5x there); both sets pooled, six runs a row: 7.4 %, the
-    clean-report scale 14.6 % (docs/simulator.md "Held to the real pipeline").
+    iterations decoded one token for each of a known batch, each by its engine's own step time. Scale: so that the
+    model, run over *every* iteration the role's engines ran (each report that generated tokens, at its batch: the
+    sequences running plus those that finished in it), takes as long in all as those iterations took on the run's
+    wall clock. So what a device spends per iteration outside the engine's own step (the emulated device's pacing,
+    the worker's messages and log-probs) is in the scale, and so is what a join's prefill cost the run: the simulator
+    charges no prefill on this cluster (``MeasuredHardware.prefill_s_per_token``), so it is folded into the decode
+    iterations it delayed.
+
+    Wall clock of a report: for a replica that was decoding since its previous report, the interval from that report
+    to this one; after an idle spell, the engine's own step time; across a weight reload, left out (the reload is a
+    cost of its own). The interval alone: the worker sends its reports in bursts (a report 1 ms after the previous
+    one may carry 19 ms of engine time, which ran during the previous interval), so the intervals of a busy spell add
+    up to the time it lasted, where the larger of interval and engine time counted the held-back time twice.
+
+    What each choice did to ``fidelity`` (2026-12-07; docs/simulator.md "Held to the real pipeline"; max ratio error
+    on the morning's 42 runs / 42 fresh runs / both pooled at six runs a row):
+
+    * until 333a903, shape and scale from the clean reports, each timed by the larger of its interval and its engine
+      time: 17.9 / 13.8 / 14.6 %. Replayed over each run's own iterations, that GenRM engine charged 0.84-1.23x their
+      wall clock, the most in the shifting deployments: most GenRM reports hold a join or a finish (a judgement is 17
+      tokens on average) and the App. A shape misses these CPU engines at small batches, so which batches the clean
+      reports sample moved the scale;
+    * 855e6fa, the scale over every iteration: 8.0 / 17.7 / 7.4 %; but a disaggregated run's one rollout replica was
+      charged 33.8 s in a run of 32.5 s (~300 reports a run came in bursts), and every deployment but colocated was
+      simulated at 0.88-0.97x its runs;
+    * now, intervals without the double count, the shape by the engines' own step times (the intervals of burst
+      reports, 1 ms for a 19 ms step, distorted it: a GenRM 4x too slow at 64 sequences): 8.0 / 16.9 / 6.0 %.
 
     A report's batch and KV: its running sequences (``kv`` is theirs, after the iteration, as ``decode_sample``
     averages it) and those that finished in it, each holding its whole length but its last token (``lengths``:
     sequence id -> the tokens it holds at its end; a replica's finishes, in order, are the ones its reports count, in
     order); without ``lengths``, or where a replica's finish events and its reports' counts disagree, a finished
-    sequence is taken to hold the running ones' mean.
-
-    Timing of a report: one of a replica that was decoding since its previous report is timed from that report to
-    this one, so what a device spends per iteration outside the engine's own step (the emulated device's pacing, the
-    worker's messages and log-probs) is in it; one after an idle spell, by the engine's own step time; one across a
-    weight reload is left out (the reload is a cost of its own). The scale is a ratio of sums over iterations, not a
-    mean of per-report ratios: a report of one iteration whose wall-clock interval caught a pause of the worker
-    reads up to 20x its engine time, and averaging such reports as equals with reports of ten iterations made the
-    fitted engine 1.5-3x slower than the run's own iterations (2026-12-05, the fidelity runs)."""
+    sequence is taken to hold the running ones' mean."""
     rows = []  # clean reports: (tokens, seqs, seconds per iteration)
     spent = []  # every report that generated tokens: (mean KV tokens, batch, iterations, wall-clock seconds)
     held = _finished_held(events, role, lengths or {})
@@ -230,7 +238,7 @@ def fit_engine(events: list[dict[str, Any]], role: str, lengths: dict[int, int] 
             seconds = e["seconds"]
         elif not any(lo < e["t"] and hi > before["t"] for d in devices.get(e["replica"], ())
                      for lo, hi in reloads.get(d, ())):  # (a weight reload paused it: a cost of its own)
-            seconds = max(e["t"] - before["t"], e["seconds"])
+            seconds = e["t"] - before["t"]
         else:
             continue
         kv = max(e["kv"] - e["running"] * (e["steps"] + 1) / 2.0, 0.0)  # as decode_sample averages it
@@ -241,7 +249,7 @@ def fit_engine(events: list[dict[str, Any]], role: str, lengths: dict[int, int] 
         s = decode_sample(kv_used_tokens=e["kv"], num_running_seqs=e["running"], num_new_tokens=e["tokens"],
                           num_steps=e["steps"], latency_s=e["seconds"], num_finished=e["finished"], time_s=e["t"])
         if s is not None:
-            rows.append((s.num_tokens, s.num_seqs, seconds / e["steps"]))
+            rows.append(s.row())
     if len(rows) < 4:
         raise MeasurementError(f"{role}: {len(rows)} clean decode reports in the event record, need >= 4 to fit "
                                f"its engine model")

@@ -304,3 +304,30 @@ def test_the_engine_fit_takes_its_shape_from_clean_reports_and_its_scale_from_ev
     assert ratio * model == pytest.approx(measured, rel=1e-6)  # every iteration, as long in all as measured
     if prefill > 1e-4 and any(j for _, _, j, _ in batches):
         assert ratio > 1 + 1e-6  # the joins' prefill is in the scale
+
+
+@settings(max_examples=40, deadline=None)
+@given(delays=st.lists(st.floats(0.0, 0.02), min_size=8, max_size=40), running=st.integers(1, 40))
+def test_reports_sent_in_bursts_are_not_counted_twice(delays: list[float], running: int) -> None:
+    """A replica decodes without pause while its worker holds some reports back and sends them just before the next
+    one (a report ``delay`` late, then the next on time: its interval is shorter than its own engine time). The
+    fitted engine, run over every iteration, takes as long as the replica decoded on the wall clock: timing each
+    report by the larger of its interval and its engine time would count the held-back time twice."""
+    engine = ThroughputModel(A=1e-7, B=2e-3, C=5e-4, D=3e-3)
+    events: list[dict[str, object]] = []
+    clock, kv = 0.0, 1000
+    for i, delay in enumerate(delays):
+        seqs = running + i % 3  # the batch changes between reports (each report is clean: no join, no finish)
+        kv += seqs
+        dt = engine.latency(kv - seqs, seqs)
+        clock += dt
+        # held back, yet sent before the next report's end (the first report of a spell on time: its lateness would
+        # not be observable)
+        late = delay if i % 2 == 1 and i + 1 < len(delays) else 0.0
+        late = min(late, 0.9 * engine.latency(kv, seqs + (i + 1) % 3))
+        events.append({"kind": "tokens", "t": clock + late, "role": "rollout", "replica": 0, "tokens": seqs,
+                       "seconds": dt, "kv": kv, "running": seqs, "steps": 1, "finished": 0})
+    events.sort(key=lambda e: e["t"])
+    fitted = fit_engine(events, "rollout")
+    predicted = sum(fitted.latency(e["kv"] - e["running"], e["running"]) for e in events)
+    assert predicted == pytest.approx(clock, rel=1e-6)  # the first report's start (0) to the last one's end
