@@ -198,19 +198,9 @@ def fit_engine(events: list[dict[str, Any]], role: str, lengths: dict[int, int] 
     one may carry 19 ms of engine time, which ran during the previous interval), so the intervals of a busy spell add
     up to the time it lasted, where the larger of interval and engine time counted the held-back time twice.
 
-    What each choice did to ``fidelity`` (2026-12-07; docs/simulator.md "Held to the real pipeline"; max ratio error
-    on the morning's 42 runs / 42 fresh runs / both pooled at six runs a row):
-
-    * until 333a903, shape and scale from the clean reports, each timed by the larger of its interval and its engine
-      time: 17.9 / 13.8 / 14.6 %. Replayed over each run's own iterations, that GenRM engine charged 0.84-1.23x their
-      wall clock, the most in the shifting deployments: most GenRM reports hold a join or a finish (a judgement is 17
-      tokens on average) and the App. A shape misses these CPU engines at small batches, so which batches the clean
-      reports sample moved the scale;
-    * 855e6fa, the scale over every iteration: 8.0 / 17.7 / 7.4 %; but a disaggregated run's one rollout replica was
-      charged 33.8 s in a run of 32.5 s (~300 reports a run came in bursts), and every deployment but colocated was
-      simulated at 0.88-0.97x its runs;
-    * now, intervals without the double count, the shape by the engines' own step times (the intervals of burst
-      reports, 1 ms for a 19 ms step, distorted it: a GenRM 4x too slow at 64 sequences): 8.0 / 16.9 / 6.0 %.
+    Both choices are what ``fidelity`` measured them to be (2026-12-07: max ratio error 17.9 / 13.8 / 14.6 % before,
+    8.0 / 16.9 / 6.0 % after, on two three-run measurements and both pooled; docs/simulator.md "Held to the real
+    pipeline" has the tables and the variants tried).
 
     A report's batch and KV: its running sequences (``kv`` is theirs, after the iteration, as ``decode_sample``
     averages it) and those that finished in it, each holding its whole length but its last token (``lengths``:

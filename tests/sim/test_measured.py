@@ -295,8 +295,7 @@ def test_the_engine_fit_takes_its_shape_from_clean_reports_and_its_scale_from_ev
         if finishes:
             events.append({"kind": "finish", "t": t, "role": "rollout", "seq": seq, "replica": 0})
             seq += 1
-        events.append({"kind": "tokens", "t": t, "role": "rollout", "replica": 0, "seconds": dt, "kv": kv,
-                       "running": running, "steps": 1, "finished": int(finishes), "tokens": batch + joins})
+        events.append(_tokens(t, running, 1, dt, kv) | {"finished": int(finishes), "tokens": batch + joins})
     fitted = fit_engine(events, "rollout", {q: length for q in range(seq)})
     ratio = fitted.latency(1000, 5) / engine.latency(1000, 5)
     for tokens, seqs in ((100, 1), (5000, 12), (20_000, 40)):
@@ -324,9 +323,8 @@ def test_reports_sent_in_bursts_are_not_counted_twice(delays: list[float], runni
         # held back, yet sent before the next report's end (the first report of a spell on time: its lateness would
         # not be observable)
         late = delay if i % 2 == 1 and i + 1 < len(delays) else 0.0
-        late = min(late, 0.9 * engine.latency(kv, seqs + (i + 1) % 3))
-        events.append({"kind": "tokens", "t": clock + late, "role": "rollout", "replica": 0, "tokens": seqs,
-                       "seconds": dt, "kv": kv, "running": seqs, "steps": 1, "finished": 0})
+        late = min(late, 0.9 * engine.latency(kv, running + (i + 1) % 3))  # the next report's iteration
+        events.append(_tokens(clock + late, seqs, 1, dt, kv))
     events.sort(key=lambda e: e["t"])
     fitted = fit_engine(events, "rollout")
     predicted = sum(fitted.latency(e["kv"] - e["running"], e["running"]) for e in events)
