@@ -252,13 +252,16 @@ class Simulator:
     def end_training(self, device_ids: tuple[int, ...], version: int, shift_down: bool) -> None:
         n = len(device_ids)
         parts = self.hw.training_down(n) if shift_down else {}
-        if shift_down:
-            self._phases(self._now, "training", "down", list(device_ids), parts)
+        validate = self.hw.validate_s(version, n)  # on the trained parameters, before the shift down frees them
         if self.hw.write_first:  # the runtime's order: the Write from the training devices, then their shift down
             self._publish_at[version] = self._now + self.hw.write_s(n)
-            free = self._publish_at[version] + sum(parts.values())
+            down = self._publish_at[version] + validate
         else:
-            free = self._now + sum(parts.values())
+            down = self._now + validate
+        if shift_down:
+            self._phases(down, "training", "down", list(device_ids), parts)
+        free = down + sum(parts.values())
+        if not self.hw.write_first:
             self._publish_at[version] = free + self.hw.write_s(n)
         self._free_at.update((d, free) for d in device_ids)
         self._written_at.update((d, self._publish_at[version]) for d in device_ids)

@@ -79,6 +79,10 @@ class SimHardware(Protocol):
         """GPS Write of the trained version from ``num_devices`` training devices until it is published (with
         ``write_first``, training's shift down follows it)."""
 
+    def validate_s(self, version: int, num_devices: int) -> float:
+        """Seconds the ``num_devices`` training devices spend validating ``version`` once it is trained, before they
+        are free (a real run's ``eval.every``: the runtime publishes the version first); 0: it is not validated."""
+
     def reload(self, tp: int) -> dict[str, float]:
         """Parts of loading a new policy version into a live rollout replica (static deployments)."""
 
@@ -135,6 +139,9 @@ class CatalogHardware:
 
     def write_s(self, num_devices: int) -> float:
         return self.costs.write_s(self.policy, num_devices)
+
+    def validate_s(self, version: int, num_devices: int) -> float:
+        return 0.0  # the paper's runs report no validation inside their steps
 
     def reload(self, tp: int) -> dict[str, float]:
         return {"gps_read_s": self.costs.read_s(self.policy, tp)}

@@ -10,15 +10,19 @@ the same run: the same deployment and control, the same sequences, and a cluster
   iteration the role ran (``fit_engine``), used both as the simulated truth and as the belief the planner gets;
   no separate prefill (a join's prefill is folded into the iterations it delayed, see
   ``MeasuredHardware.prefill_s_per_token``);
-* **shifts**: the median measured seconds of each ``<role> <direction>`` phase (``shift_phase`` records), with the
-  run's own parts (weights, KV cache, optimizer states); an inference role's shift up also waits the median delay
-  from a new replica's readiness to its first engine step (``first_step_s``, see ``_first_step_s``);
+* **shifts**: the mean measured seconds of each ``<role> <direction>`` phase (``shift_phase`` records), with the
+  run's own parts (weights, KV cache, optimizer states; a mean, not a median: as many phases then cost what the
+  run spent on them in all, where the few slow ones of a skewed spread would be left out); an inference role's
+  shift up also waits the mean delay from a new replica's readiness to its first engine step (``first_step_s``,
+  see ``_first_step_s``);
 * **training**: seconds = a + b · tokens, non-negative least squares over the run's steps (``training_start`` to
   ``trained``, less the step's training shift up when it had one), scaled by devices as 1/n beyond the run's own
   training set; or, pooled over runs on different training sets (``pooled``), seconds per token at each measured
   training-set size, interpolated log-log between them (and extrapolated along the nearest measured slope);
-* **publication**: the median GPS Write (``gps_write`` to ``published``);
-* **weight reload** of a live rollout replica (static deployments): the median ``rollout reload`` phase;
+* **publication**: the mean GPS Write (``gps_write`` to ``published``);
+* **validation** (a run with ``eval.every``): each validated version's measured seconds (``metrics.jsonl``
+  ``eval_after``), charged on the training devices after the version is published and before they are free;
+* **weight reload** of a live rollout replica (static deployments): the mean ``rollout reload`` phase;
 * **the control plane's inputs**: what the run's scheduler and planner believed when (``summary.json`` "beliefs": a
   role's prior, its engines' fit, each refit, with the time it was adopted) replaces the fit above as the belief from
   that time on, and each planner decision's τ_shift (``decision`` records) is what the simulated planner is given
@@ -65,7 +69,7 @@ class MeasuredHardware:
 
     engines: dict[str, ThroughputModel]  # per inference role, the App. A fit of the run's decode reports
     kv_capacity_tokens: dict[str, int]  # per inference role, the engines' real KV capacity
-    phases: dict[str, dict[str, float]]  # "<role> <direction>" -> median parts (seconds) of that shift phase
+    phases: dict[str, dict[str, float]]  # "<role> <direction>" -> mean parts (seconds) of that shift phase
     training_fixed_s: float  # a of a + b·tokens
     training_s_per_token: float  # b, on ``training_devices`` devices
     training_devices: int
@@ -81,6 +85,9 @@ class MeasuredHardware:
     beliefs: dict[str, tuple[tuple[float, ThroughputModel], ...]] = dataclasses.field(default_factory=dict)
     # per inference role, the τ_shift its planner was given at each decision: (time s, seconds), in time order
     taus: dict[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
+    # per policy version the run validated after training it (metrics.jsonl "eval_after"), the seconds that held its
+    # ``training_devices`` devices
+    validation_s: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def truth(self, role: str, tp: int) -> TrueLatency:
         m = self.engines[role]
@@ -129,6 +136,10 @@ class MeasuredHardware:
 
     def write_s(self, num_devices: int) -> float:
         return self.publish_s
+
+    def validate_s(self, version: int, num_devices: int) -> float:
+        # the held-out set is split over the training devices: on a different training set, scaled as 1/n
+        return self.validation_s.get(version, 0.0) * self.training_devices / num_devices
 
     def reload(self, tp: int) -> dict[str, float]:
         return self._phase("rollout reload")
@@ -293,8 +304,8 @@ def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     out = {}
     for key, rows in by.items():
         names = sorted({k for r in rows for k in r["parts"]})
-        parts = {k: statistics.median(float(r["parts"].get(k, 0.0)) for r in rows) for k in names}
-        total = statistics.median(float(r["seconds"]) for r in rows)
+        parts = {k: statistics.fmean(float(r["parts"].get(k, 0.0)) for r in rows) for k in names}
+        total = statistics.fmean(float(r["seconds"]) for r in rows)
         rest = total - sum(parts.values())
         if rest > 0:  # time the worker measured outside its named parts
             parts["other_s"] = rest
@@ -303,7 +314,7 @@ def _phases(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def _first_step_s(events: list[dict[str, Any]]) -> dict[str, float]:
-    """Per inference role, the median seconds from a shifted-up replica's readiness (its ``replica_up``, or its first
+    """Per inference role, the mean seconds from a shifted-up replica's readiness (its ``replica_up``, or its first
     dispatch when that came later) to the start of its first engine step that generated tokens (the report's time
     less its own engine seconds). The shift report ends before that step, so what the worker and the engine do
     before a new replica's first step is in no phase: in the runs of 2026-12-05 a median 0.27 s (4 devices) and
@@ -323,7 +334,7 @@ def _first_step_s(events: list[dict[str, Any]]) -> dict[str, float]:
         elif kind == "tokens" and rid in ready and e["tokens"] > 0:
             role, t, _ = ready.pop(rid)
             gaps.setdefault(role, []).append(e["t"] - e["seconds"] - t)
-    return {role: max(0.0, statistics.median(g)) for role, g in gaps.items()}
+    return {role: max(0.0, statistics.fmean(g)) for role, g in gaps.items()}
 
 
 def _load(folder: Path, name: str) -> Any:
@@ -338,6 +349,34 @@ def _load(folder: Path, name: str) -> Any:
 
         return yaml.safe_load(path.read_text())
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _validations(cfg: dict[str, Any], folder: Path) -> dict[int, float]:
+    """Per policy version the run validated after training it, the seconds its validation took (``metrics.jsonl``
+    rows' ``eval_after``: {version, seconds}); {} for a run that did not validate (``eval.every`` 0 or absent). The
+    runtime publishes a version, then validates it on the training devices before they are free: the next training
+    step, or the devices' shift to inference, waits for it."""
+    every = (cfg.get("eval") or {}).get("every") or 0
+    if not every:
+        return {}
+    out = {}
+    for i, row in enumerate(_load(folder, "metrics.jsonl")):
+        check = row.get("eval_after")
+        if check is None:
+            continue
+        try:
+            version, seconds = int(check["version"]), float(check["seconds"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MeasurementError(f"{folder / 'metrics.jsonl'}: row {i} eval_after must give version and seconds, "
+                                   f"got {str(check)[:200]!r}") from exc
+        if not seconds >= 0:
+            raise MeasurementError(f"{folder / 'metrics.jsonl'}: row {i} eval_after.seconds must be >= 0, got "
+                                   f"{seconds!r}")
+        out[version] = seconds
+    if not out:
+        raise MeasurementError(f"{folder / 'metrics.jsonl'}: eval.every is {every} in config.yaml but no row holds "
+                               f"eval_after (the validations' seconds)")
+    return out
 
 
 def _workload(seqs: list[dict[str, Any]], num_steps: int, per_step: int, folder: Path) -> Workload:
@@ -432,7 +471,8 @@ def measure_run(folder: Path | str) -> MeasuredRun:
                                 taus=taus,
                                 kv_capacity_tokens={r: int(v) for r, v in kv.items()}, phases=phases,
                                 training_fixed_s=a, training_s_per_token=b, training_devices=training_devices,
-                                publish_s=statistics.median(publish) if publish else 0.0)
+                                publish_s=statistics.fmean(publish) if publish else 0.0,
+                                validation_s=_validations(cfg, folder))
     models = cfg["models"]
     scenario = Scenario(name=f"measured:{folder.name}", policy="Qwen2.5-1.5B", reward="Qwen2.5-1.5B",
                         num_devices=num_devices, policy_tp=int(models["policy_tp"]), reward_tp=int(models["genrm_tp"]),

@@ -15,18 +15,24 @@ from pivotrl.control.beliefs import decode_sample
 from pivotrl.scheduler import ThroughputModel
 from pivotrl.sim import SimConfig
 from pivotrl.sim.engine import Simulator
-from pivotrl.sim.measured import (MeasuredHardware, MeasuredRun, MeasurementError, fit_engine, fit_training,
-                                  measure_run, pooled)
+from pivotrl.sim.measured import (MeasuredHardware, MeasuredRun, MeasurementError, _phases, fit_engine,
+                                  fit_training, measure_run, pooled)
 from pivotrl.sim.runner import make_deployment
 from simcases import DEPLOYMENTS, tiny_scenario
 
 
-def _as_run_folder(sim: Simulator, folder: Path) -> Path:
-    """What the real pipeline writes of a run (config.yaml, summary.json, events.jsonl, sequences.jsonl)."""
+def _as_run_folder(sim: Simulator, folder: Path, validations: dict[int, float] | None = None) -> Path:
+    """What the real pipeline writes of a run (config.yaml, summary.json, events.jsonl, sequences.jsonl; with
+    ``validations``, version -> seconds, a run that validates: eval.every and metrics.jsonl's eval_after rows)."""
     folder.mkdir(parents=True)
     sc, dep, wl = sim.cfg.scenario, sim.cfg.deployment, sim.workload
     config = {"deployment": dataclasses.asdict(dep), "models": {"policy_tp": sc.policy_tp, "genrm_tp": sc.reward_tp},
               "data": {"prompts_per_step": sc.workload.prompts_per_step, "group_size": sc.workload.group_size}}
+    if validations:
+        config["eval"] = {"every": 2}
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": v - 1, "eval_after": {"version": v, "seconds": seconds}}) + "\n"
+            for v, seconds in sorted(validations.items())))
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     finished = sim.plane.finished_s
     beliefs = {r: {"history": [{"time_s": t, "source": "refit", "fit": dataclasses.asdict(m)}
@@ -329,3 +335,65 @@ def test_reports_sent_in_bursts_are_not_counted_twice(delays: list[float], runni
     fitted = fit_engine(events, "rollout")
     predicted = sum(fitted.latency(e["kv"] - e["running"], e["running"]) for e in events)
     assert predicted == pytest.approx(clock, rel=1e-6)  # the first report's start (0) to the last one's end
+
+
+@settings(max_examples=60, deadline=None)
+@given(phases=st.lists(st.tuples(st.sampled_from(["rollout up", "reward up", "training down"]),
+                                 st.floats(0.0, 0.5), st.floats(0.0, 3.0), st.floats(0.0, 0.2)),
+                       min_size=1, max_size=40))
+def test_each_shift_phase_is_charged_what_its_runs_spent_on_average(
+        phases: list[tuple[str, float, float, float]]) -> None:
+    """Shift phases whose seconds spread (a few slow ones, as the runtime's stage switches have): the simulated phase
+    costs its parts' and its total's mean, so as many of them cost what the run spent on them in all (a median would
+    charge a skewed spread less), and the time outside the named parts is its own part."""
+    events = [{"kind": "shift_phase", "t": 0.0, "role": key.split()[0], "direction": key.split()[1], "device": 0,
+               "start_s": 0.0, "seconds": a + b + rest, "parts": {"parameters_s": a, "temporary_s": b}}
+              for key, a, b, rest in phases]
+    measured = _phases(events)
+    for key in {k for k, *_ in phases}:
+        rows = [(a, b, rest) for k, a, b, rest in phases if k == key]
+        charged = measured[key]
+        assert len(rows) * charged["parameters_s"] == pytest.approx(sum(a for a, _, _ in rows), abs=1e-9)
+        assert len(rows) * sum(charged.values()) == pytest.approx(sum(a + b + r for a, b, r in rows), abs=1e-9)
+        assert all(v >= 0 for v in charged.values())
+
+
+@pytest.mark.parametrize("kind", ["colocated", "disaggregated", "pivotrl"])
+def test_a_validation_holds_the_training_devices_after_publishing_and_is_replayed(kind: str, tmp_path: Path) -> None:
+    """A run that validates version 2 (the runtime's eval.every: published first, then validated on the training
+    devices before they are free): no earlier publication, colocated's next step waits for it in full, and the run
+    folder, measured, simulates back to itself with the validation in it."""
+    cfg = SimConfig(scenario=tiny_scenario(num_steps=3), deployment=DEPLOYMENTS[kind], record_events=True)
+    plain = Simulator(cfg, make_deployment(cfg), hardware=SOURCE)
+    plain.run()
+    hw = dataclasses.replace(SOURCE, validation_s={2: 1.5})  # on SOURCE's 2 training devices
+    source = Simulator(cfg, make_deployment(cfg), hardware=hw)
+    source.run()
+    dep = cfg.deployment
+    n = cfg.scenario.num_devices if dep.kind == "colocated" else dep.training_devices
+    charged = hw.validate_s(2, n)  # the run's training set: 1.5 s x 2 / n (the held-out set split over it)
+    assert charged == pytest.approx(1.5 * 2 / n)
+    published = {e["version"]: e["t"] for e in source.events.events if e["kind"] == "published"}
+    before = {e["version"]: e["t"] for e in plain.events.events if e["kind"] == "published"}
+    assert published[2] == pytest.approx(before[2])  # not held back by its own validation
+    assert published[3] >= published[2]
+    assert source.plane.finished_s >= plain.plane.finished_s - 1e-9
+    if kind == "colocated":  # the whole cluster trains, validates, then shifts to the next step's rollout
+        assert source.plane.finished_s == pytest.approx(plain.plane.finished_s + charged, rel=1e-9)
+    run = measure_run(_as_run_folder(source, tmp_path / kind, validations={2: charged}))
+    assert run.hardware.validation_s == {2: pytest.approx(charged)}
+    tol = 1e-6 if kind != "pivotrl" else 0.05
+    assert run.simulate().finished_s == pytest.approx(source.plane.finished_s, rel=tol)
+
+
+def test_a_run_that_validates_without_its_validations_seconds_is_refused(tmp_path: Path) -> None:
+    folder = _as_run_folder(_source("colocated"), tmp_path / "run", validations={2: 1.5})
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_after": {"version": 2}}) + "\n")
+    with pytest.raises(MeasurementError, match=r"metrics.jsonl.*eval_after must give version and seconds"):
+        measure_run(folder)
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.1}) + "\n")
+    with pytest.raises(MeasurementError, match=r"metrics.jsonl: eval.every is 2 .* no row holds eval_after"):
+        measure_run(folder)
+    (folder / "metrics.jsonl").unlink()
+    with pytest.raises(MeasurementError, match=r"metrics.jsonl: missing"):
+        measure_run(folder)
