@@ -254,19 +254,20 @@ class Simulator:
         parts = self.hw.training_down(n) if shift_down else {}
         validate = self.hw.validate_s(version, n)  # on the trained parameters, before the shift down frees them
         if self.hw.write_first:  # the runtime's order: the Write from the training devices, then their shift down
-            self._publish_at[version] = self._now + self.hw.write_s(n)
-            down = self._publish_at[version] + validate
+            publish = self._now + self.hw.write_s(n)
+            down = publish + validate
+            free = down + sum(parts.values())
         else:
             down = self._now + validate
+            free = down + sum(parts.values())
+            publish = free + self.hw.write_s(n)
         if shift_down:
             self._phases(down, "training", "down", list(device_ids), parts)
-        free = down + sum(parts.values())
-        if not self.hw.write_first:
-            self._publish_at[version] = free + self.hw.write_s(n)
+        self._publish_at[version] = publish
         self._free_at.update((d, free) for d in device_ids)
-        self._written_at.update((d, self._publish_at[version]) for d in device_ids)
+        self._written_at.update((d, publish) for d in device_ids)
         self.schedule(free, self.plane.training_released)
-        self.schedule(self._publish_at[version], self.plane.published, version)
+        self.schedule(publish, self.plane.published, version)
 
     def reload_rollout(self, version: int) -> None:
         parts = self.hw.reload(self.cfg.scenario.policy_tp)
