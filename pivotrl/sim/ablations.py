@@ -173,8 +173,8 @@ def _floor_set(args: argparse.Namespace, label: str) -> dict[str, Any]:
 MIGRATION_VARIANTS: dict[str, dict[str, Any]] = {  # PivotRL as the paper runs it, and with KV-moving migration
     "pivotrl": {},
     "pivotrl+kv": OPTIONS["pivotrl+kv"],
-    "pivotrl+kv+floor": {**OPTIONS["pivotrl+kv"], **OPTIONS["pivotrl+floor"]},
-    "pivotrl+kv+floor+rebalance": {**OPTIONS["pivotrl+kv"], **OPTIONS["pivotrl+floor"], **OPTIONS["pivotrl+rebalance"]},
+    "pivotrl+kv+floor": OPTIONS["pivotrl+kv+floor"],
+    "pivotrl+kv+floor+rebalance": OPTIONS["pivotrl+kv+floor+rebalance"],
 }
 _SCHEDULER_KEYS = ("min_gain", "rebalance")  # options of any deployment's role schedulers (the baselines' too)
 

@@ -17,8 +17,8 @@ def test_fig9_prints_the_json_contract_and_saves_a_png(tmp_path: Path, capsys: p
     assert group["name"] == "Qwen2.5-7B & Qwen3-30B-A3B" and group["devices"] == 32
     assert set(group["tps"]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl", "critical"}
     assert all(0 < tps <= group["fluid_bound"] for tps in group["tps"].values())
-    assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced", "pivotrl+kv",
-                                         "pivotrl+kv+floor+rebalance"}  # PivotRL tuned with each
+    assert set(group["options_tps"]) == {"pivotrl+reprefill", "pivotrl+priced", "pivotrl+kv", "pivotrl+kv+floor",
+                                         "pivotrl+kv+rebalance", "pivotrl+kv+floor+rebalance"}  # PivotRL tuned with each
     for n in ("rebalanced_tps", "floored_tps", "guarded_tps", "floored_rebalanced_tps"):  # scheduler options: PivotRL and every baseline with each
         assert set(group[n]) == {"colocated", "disaggregated", "rr_colocated", "pivotrl"}
         assert all(0 < tps <= group["fluid_bound"] for tps in group[n].values())
