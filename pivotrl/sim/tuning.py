@@ -33,13 +33,11 @@ OPTIONS: dict[str, dict[str, Any]] = {  # fig11's options beyond the paper, each
     # the tail guard (pivotrl.control.tailguard): a replica holding the oldest step's sequences takes newer steps' only
     # while its iteration stays within 25 % of one sequence's (the slack the runtime's tuned benchmark runs)
     "pivotrl+guard": {"tail_guard": 0.25},
-    # two scheduler options together, and KV moves with each and with both (the `migration` experiment's combinations,
-    # docs/simulator.md, "Moving the KV cache"), held to baselines with the same scheduler options
-    "pivotrl+floor+rebalance": {"min_gain": 0.001, "rebalance": True},
-    "pivotrl+kv+floor": {"migration": "kv_transfer", "min_gain": 0.001},
-    "pivotrl+kv+rebalance": {"migration": "kv_transfer", "rebalance": True},
-    "pivotrl+kv+floor+rebalance": {"migration": "kv_transfer", "min_gain": 0.001, "rebalance": True},
 }
+# two scheduler options together, and KV moves with each and with both (the `migration` experiment's combinations,
+# docs/simulator.md, "Moving the KV cache"), held to baselines with the same scheduler options
+OPTIONS.update({"pivotrl+" + "+".join(parts): {k: v for part in parts for k, v in OPTIONS[f"pivotrl+{part}"].items()}
+                for parts in (("floor", "rebalance"), ("kv", "floor"), ("kv", "rebalance"), ("kv", "floor", "rebalance"))})
 # the options that are scheduler settings of any deployment: fig9 also runs each static deployment's best allocation
 # with them, so PivotRL with one is compared with baselines that have it too
 SCHEDULER_OPTIONS = {"rebalanced": "pivotrl+rebalance", "floored": "pivotrl+floor", "guarded": "pivotrl+guard",
