@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pivotrl.cli import at_least
 from pivotrl.gps.layout import Parallelism, gps_layout
 from pivotrl.gps.plan import LinkProfile, PlanCache, plan_operation
 from pivotrl.gps.store import GlobalParameterStorage, GPSConfig
@@ -149,8 +150,8 @@ def bench_plans() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--copy-threads", type=int, default=1, help="GPSConfig.copy_threads for (a)")
+    parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument("--copy-threads", type=at_least(1), default=1, help="GPSConfig.copy_threads for (a)")
     args = parser.parse_args()
     print(f"torch threads: {torch.get_num_threads()}, cpus: {os.cpu_count()}, copy threads: {args.copy_threads}")
     local = bench_local_reads(args.repeats, args.copy_threads)

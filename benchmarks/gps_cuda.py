@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from pivotrl.cli import at_least
 from pivotrl.gps.layout import Parallelism
 from pivotrl.gps.store import GlobalParameterStorage, GPSConfig
 from pivotrl.gps.synthetic import dense_shapes, moe_shapes
@@ -65,9 +66,9 @@ def gps_read_s(pin: bool, parallelism: Parallelism, repeats: int, kind: str = "d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=at_least(1), default=5)
     parser.add_argument("--model", choices=["dense", "moe"], default="dense")
-    parser.add_argument("--moe-layers", type=int, default=8)
+    parser.add_argument("--moe-layers", type=at_least(1), default=8)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gps_cuda.py needs a CUDA GPU")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pivotrl.cli import at_least, positive_seconds  # noqa: E402
 from pivotrl.runtime.jobs import run_job  # noqa: E402
 
 RUNS = {"colocated": ["deployment.kind=colocated"], "shiftable": ["deployment.kind=shiftable"]}
@@ -33,10 +34,10 @@ RUNS = {"colocated": ["deployment.kind=colocated"], "shiftable": ["deployment.ki
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--steps", type=int, default=12, help="RL steps per run (default 12)")
-    parser.add_argument("--staleness", type=int, default=None, help="deployment.staleness of both runs "
+    parser.add_argument("--steps", type=at_least(1), default=12, help="RL steps per run (default 12)")
+    parser.add_argument("--staleness", type=at_least(0), default=None, help="deployment.staleness of both runs "
                         "(default: the embedded default's)")
-    parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument("--timeout-s", type=positive_seconds, default=1800)
     parser.add_argument("overrides", nargs="*", help="config overrides applied to both runs")
     args = parser.parse_args(argv)
     common = [f"run.num_steps={args.steps}", "run.write_sequences=true", "eval.every=1", *args.overrides]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pivotrl.cli import at_least  # noqa: E402
+
 
 def _rank(rank: int, share: float | None, steps: int, busy: bool, start: mp.Event, done: mp.Event,
           out: mp.Queue) -> None:
@@ -86,9 +88,9 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", type=at_least(1), default=4)
     parser.add_argument("--share", default="auto", help="auto (cores / ranks), off, or a fraction of a core")
-    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--steps", type=at_least(1), default=120)
     args = parser.parse_args(argv)
     share = auto_device_share(args.ranks) if args.share == "auto" else None if args.share == "off" \
         else float(args.share)

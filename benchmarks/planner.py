@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 
+from pivotrl.cli import at_least
 from pivotrl.planner import make_strategy
 from pivotrl.planner.reference import ReferencePlanner
 from pivotrl.planner.synthetic import fig8_state
@@ -63,10 +64,10 @@ def measure(num_devices: int, phase: str, repeat: int, check: bool) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=at_least(1), default=5)
     parser.add_argument("--phase", choices=("reward", "rollout"), default="reward")
-    parser.add_argument("--check-up-to", type=int, default=256, help="compare with the reference up to N devices")
-    parser.add_argument("--devices", type=int, nargs="*", default=list(DEVICES))
+    parser.add_argument("--check-up-to", type=at_least(0), default=256, help="compare with the reference up to N devices")
+    parser.add_argument("--devices", type=at_least(1), nargs="*", default=list(DEVICES))
     args = parser.parse_args()
     print(f"{'devices':>7} {'up':>7} {'cands':>5} {'pre ms':>8} {'constr ms':>9} {'sim ms':>9} {'total ms':>9} "
           f"{'paper s':>7} {'vs paper':>9} {'goal':>8} {'ref ms':>8} {'vs ref':>7} {'same':>5}")

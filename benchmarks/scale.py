@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pivotrl.cli import at_least
 from pivotrl.gps.plan import LinkProfile
 from pivotrl.runtime.check import GIB, CheckReport, check
 from pivotrl.runtime.config import load_config
@@ -57,7 +58,7 @@ def row(report: CheckReport, planning_s: list[float], profile: LinkProfile) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--repeats", type=int, default=3, help="planning runs per config after one warm-up")
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="planning runs per config after one warm-up")
     parser.add_argument("--node-memory-gib", type=float, default=None, help="per-node GPS budget (default unlimited)")
     args = parser.parse_args()
     budget = None if args.node_memory_gib is None else int(args.node_memory_gib * GIB)

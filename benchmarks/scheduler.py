@@ -26,6 +26,7 @@ import random
 import statistics
 import time
 
+from pivotrl.cli import at_least
 from pivotrl.scheduler import ReplicaSpec, RooflineDevice, RooflineModel, ShiftAwareScheduler, ThroughputModel
 
 REPLICAS = (16, 128, 1024)
@@ -110,8 +111,8 @@ def measure(num_replicas: int, num_seqs: int, repeat: int, reference_limit: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--reference-limit", type=int, default=4096 * 128,
+    parser.add_argument("--repeat", type=at_least(1), default=3)
+    parser.add_argument("--reference-limit", type=at_least(0), default=4096 * 128,
                         help="run the plain Dispatch where replicas x sequences is at most this")
     args = parser.parse_args()
     rows = []

@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 import torch
 
+from pivotrl.cli import at_least
 from pivotrl.gps.layout import Parallelism
 from pivotrl.gps.store import GlobalParameterStorage
 from pivotrl.roles.engine import EngineConfig, EngineReplica
@@ -55,8 +56,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models", default="tiny,0.5b", help="comma-separated: tiny, 0.5b")
     p.add_argument("--paths", default="inplace,teardown", help="engine release paths, comma-separated: inplace, "
                    "teardown (engine re-created on each shift up)")
-    p.add_argument("--rounds", type=int, default=2, help="rollout/reward/training cycles measured per model")
-    p.add_argument("--kv-cache-mib", type=int, default=256)
+    p.add_argument("--rounds", type=at_least(1), default=2, help="rollout/reward/training cycles measured per model")
+    p.add_argument("--kv-cache-mib", type=at_least(1), default=256)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     return p.parse_args()
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import time
 
+from pivotrl.cli import at_least
 from pivotrl.sim import DeploymentConfig, SimConfig, Workload, scenario, simulate
 from pivotrl.sim.workload import WorkloadConfig
 
@@ -35,8 +36,8 @@ def _run(sc: object, dep: DeploymentConfig, wl: Workload) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--devices", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--devices", type=at_least(1), default=128)
+    parser.add_argument("--steps", type=at_least(1), default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     n = args.devices

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "control"))
+
+from pivotrl.cli import at_least  # noqa: E402
 from storm_ops import OPS, Storm, StormConfig, StormViolation  # noqa: E402
 
 
@@ -71,9 +73,9 @@ def run_storm(cfg: StormConfig, num_ops: int, seed: int, *, check: bool) -> Stor
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", type=int, default=10_000, help="operations per storm")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seqs-per-step", type=int, default=128, help="rollouts per RL step")
+    parser.add_argument("--ops", type=at_least(1), default=10_000, help="operations per storm")
+    parser.add_argument("--seed", type=at_least(0), default=0)
+    parser.add_argument("--seqs-per-step", type=at_least(1), default=128, help="rollouts per RL step")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
     cfg = config(args.seqs_per_step, args.seed)

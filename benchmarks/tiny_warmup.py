@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pivotrl.cli import at_least
 from pivotrl.roles.rebuild import build
 from pivotrl.roles.tiny import TinyBuildSpec, ensure_tiny_checkpoints
 from pivotrl.roles.tiny_moe import TinyMoESpec, ensure_tiny_moe_genrm
@@ -65,9 +66,9 @@ def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--num-prompts", type=at_least(1), default=64)
     parser.add_argument("--rebuild", action="store_true", help="build the default specs here and time them")
-    parser.add_argument("--spread", type=int, default=0, metavar="N", help="build N seed variants and measure each")
+    parser.add_argument("--spread", type=at_least(0), default=0, metavar="N", help="build N seed variants and measure each")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report: dict[str, object] = {"num_prompts": args.num_prompts}

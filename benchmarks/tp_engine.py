@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pivotrl.cli import at_least
+
 PROMPTS = [[5, 17, 99, 3], [200, 201, 202, 203, 204, 205, 206], [42], [7, 8, 9, 10, 11]]
 
 
@@ -55,7 +57,7 @@ def greedy(llm) -> list[list[int]]:  # noqa: ANN001
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--tp", type=at_least(1), default=2)
     parser.add_argument("--model", choices=("policy", "moe-genrm"), default="policy",
                         help="the embedded dense policy, or the embedded Qwen3-MoE GenRM (8 experts)")
     parser.add_argument("--expert-parallel", action="store_true",

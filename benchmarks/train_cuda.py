@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from pivotrl.cli import at_least
 from pivotrl.roles.trainer import GRPOBatch, GRPOTrainer, TrainerConfig, collate, token_logprobs
 
 
@@ -34,19 +35,19 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--hidden", type=int, default=896)
-    p.add_argument("--intermediate", type=int, default=4864)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--heads", type=int, default=14)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--batch", type=int, default=32, help="sequences per step")
-    p.add_argument("--group-size", type=int, default=8, help="responses per prompt (GRPO group)")
-    p.add_argument("--prompt-len", type=int, default=256)
-    p.add_argument("--response-len", type=int, default=768)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=at_least(1), default=896)
+    p.add_argument("--intermediate", type=at_least(1), default=4864)
+    p.add_argument("--layers", type=at_least(1), default=24)
+    p.add_argument("--heads", type=at_least(1), default=14)
+    p.add_argument("--kv-heads", type=at_least(1), default=2)
+    p.add_argument("--vocab", type=at_least(1), default=151936)
+    p.add_argument("--batch", type=at_least(1), default=32, help="sequences per step")
+    p.add_argument("--group-size", type=at_least(1), default=8, help="responses per prompt (GRPO group)")
+    p.add_argument("--prompt-len", type=at_least(1), default=256)
+    p.add_argument("--response-len", type=at_least(1), default=768)
+    p.add_argument("--micro-batch", type=at_least(1), default=4)
+    p.add_argument("--steps", type=at_least(1), default=3, help="timed steps (after one warm-up step)")
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--sharded", action="store_true", help="also time the FSDP2-sharded trainer (one-rank group)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     return p.parse_args()

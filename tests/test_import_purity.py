@@ -20,6 +20,8 @@ PURE_MODULES = [
     "pivotrl.roles.arithmetic",
     "pivotrl.roles.structured",
     "pivotrl.sim",
+    "pivotrl.sim.experiments",
+    "pivotrl.cli",
     "pivotrl.control",
     "pivotrl.control.events",
     "pivotrl.report",

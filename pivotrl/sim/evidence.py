@@ -38,7 +38,10 @@ def _measure_e2e(args: argparse.Namespace) -> Path:
     cmd = [sys.executable, str(script), "--tuned", "--devices", *map(str, args.devices), "--keep", str(keep),
            "--repeats", str(args.repeats), "--allocations", *args.allocations, "--", "run.write_sequences=true"]
     print("measuring:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise SystemExit(f"fidelity: benchmarks/e2e.py failed (exit {done.returncode}), see its error above; runs "
+                         f"measured before can be passed with --runs DIR")
     return keep
 
 

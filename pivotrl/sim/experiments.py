@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
+from pivotrl.cli import at_least
 from pivotrl.sim import paper, plots
 from pivotrl.sim.ablations import fig11, fig14, floor, migration, reprefill
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig
@@ -256,9 +257,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("name", choices=sorted(EXPERIMENTS))
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--out", type=Path, default=Path("runs/sim"), help="folder for the PNG")
-    parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the scenario's, 5)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes for independent runs")
+    parser.add_argument("--steps", type=at_least(0), default=0, help="RL steps per run (0: the scenario's, 5)")
+    parser.add_argument("--seed", type=at_least(0), default=0)
+    parser.add_argument("--jobs", type=at_least(1), default=1, help="worker processes for independent runs")
     parser.add_argument("--groups", nargs="*", choices=sorted(SCENARIOS),
                         help="fig9, reprefill, floor, migration: model groups to run")
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (not the documented workload)")
@@ -268,12 +269,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
-    parser.add_argument("--devices", type=int, nargs="+", default=[4, 8], help="fidelity: emulated device counts")
-    parser.add_argument("--repeats", type=int, default=1, help="fidelity: real runs of each allocation (in rounds); "
+    parser.add_argument("--devices", type=at_least(1), nargs="+", default=[4, 8], help="fidelity: emulated device counts")
+    parser.add_argument("--repeats", type=at_least(1), default=1, help="fidelity: real runs of each allocation (in rounds); "
                         "a row's measured and simulated tok/s are the medians over its runs")
-    parser.add_argument("--evaluations", type=int, default=60, help="calibrate: most objective evaluations "
+    parser.add_argument("--evaluations", type=at_least(1), default=60, help="calibrate: most objective evaluations "
                         "(each simulates the twelve baseline bars)")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="calibrate: steps of each run not counted "
+    parser.add_argument("--warmup-steps", type=at_least(0), default=2, help="calibrate: steps of each run not counted "
                         "(the pipeline's fill); --steps sets the run (calibrate's default: 8)")
     parser.add_argument("--constants", nargs="+", choices=list(CALIBRATION_BOUNDS), default=list(CALIBRATION_BOUNDS),
                         help="calibrate: the constants to fit (the others as the adopted set has them)")
@@ -282,8 +283,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.name == "calibrate" and args.warmup_steps >= (args.steps or 8):
+        parser.error(f"--warmup-steps must be below the steps of a run (--steps, calibrate's default 8), got "
+                     f"{args.warmup_steps} of {args.steps or 8}")
     args.out.mkdir(parents=True, exist_ok=True)
     before = {p: p.stat().st_mtime_ns for p in args.out.glob("*.png")}
     data = EXPERIMENTS[args.name](args)
