@@ -116,9 +116,8 @@ def tuned_candidates(num_devices: int, prompts_per_step: int = 8) -> dict[str, l
 def check_tuned_choice(devices: list[int], deployments: list[str] | None, allocations: list[str] | None) -> str | None:
     """Why ``--tuned`` with these device counts, deployments and allocation labels would run nothing, or a label
     nothing; None when each device count has a run and each label names one at some device count."""
-    candidates = {n: {name: [label for label, _ in c] for name, c in tuned_candidates(n).items()
-                      if not deployments or name in deployments} for n in devices}
-    labels = {n: {label for ls in by_name.values() for label in ls} for n, by_name in candidates.items()}
+    labels = {n: {label for name, c in tuned_candidates(n).items() if not deployments or name in deployments
+                  for label, _ in c} for n in devices}
     unknown = [a for a in allocations or () if not any(a in ls for ls in labels.values())]
     if unknown:
         valid = "; ".join(f"{n} devices: {' '.join(sorted(ls))}" for n, ls in labels.items())
@@ -243,7 +242,8 @@ def _pct(x: float | None) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--steps", type=at_least(1), default=8, help="RL steps per run (default: the embedded default's 8)")
+    parser.add_argument("--steps", type=at_least(1), default=8,
+                        help="RL steps per run (default: the embedded default's 8)")
     parser.add_argument("--timeout-s", type=positive_seconds, default=1200)
     parser.add_argument("--tuned", action="store_true", help="Fig. 9 on real engines: every allocation of every "
                         "deployment on the long-tailed workload, at each of --devices emulated devices")
@@ -254,8 +254,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--allocations", nargs="+", metavar="LABEL",
                         help="--tuned: run only these allocations, as the table labels them (4/2/2 disaggregated, "
                         "2+2 rr_colocated, TR=2 shiftable, all colocated): a pair of runs to look at, not a tuning")
-    parser.add_argument("--repeats", type=at_least(1), default=1, help="--tuned: run every allocation this many times, in "
-                        "rounds, and take its median run (runs minutes apart on a shared CPU machine move by 10-15 %%)")
+    parser.add_argument("--repeats", type=at_least(1), default=1,
+                        help="--tuned: run every allocation this many times, in rounds, and take its median run (runs "
+                        "minutes apart on a shared CPU machine move by 10-15 %%)")
     parser.add_argument("--keep", default=None, help="--tuned: keep every run folder under this folder (each has "
                         "events.jsonl: python -m pivotrl.report RUN_FOLDER draws its timeline and trace)")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run")

@@ -66,7 +66,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--repeat", type=at_least(1), default=5)
     parser.add_argument("--phase", choices=("reward", "rollout"), default="reward")
-    parser.add_argument("--check-up-to", type=at_least(0), default=256, help="compare with the reference up to N devices")
+    parser.add_argument("--check-up-to", type=at_least(0), default=256,
+                        help="compare with the reference up to N devices")
     parser.add_argument("--devices", type=at_least(1), nargs="*", default=list(DEVICES))
     args = parser.parse_args()
     print(f"{'devices':>7} {'up':>7} {'cands':>5} {'pre ms':>8} {'constr ms':>9} {'sim ms':>9} {'total ms':>9} "

@@ -68,7 +68,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-prompts", type=at_least(1), default=64)
     parser.add_argument("--rebuild", action="store_true", help="build the default specs here and time them")
-    parser.add_argument("--spread", type=at_least(0), default=0, metavar="N", help="build N seed variants and measure each")
+    parser.add_argument("--spread", type=at_least(0), default=0, metavar="N",
+                        help="build N seed variants and measure each")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report: dict[str, object] = {"num_prompts": args.num_prompts}

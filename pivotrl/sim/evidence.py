@@ -151,12 +151,12 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     baseline bars at Table 4's allocations, each measured in steady state (``--steps`` steps, default 8, the first
     ``--warmup-steps`` not counted), from the adopted set (``CALIBRATED``); PivotRL at Table 4's training set predicted
     out of sample, measured the same way."""
-    from pivotrl.sim.calibrate import CALIBRATED, Calibration, Measure, fit, run_bars
+    from pivotrl.sim.calibrate import CALIBRATED, STEADY, Calibration, Measure, fit, run_bars
 
     def progress(n: int, cal: Calibration, value: float) -> None:
         print(f"  evaluation {n}: {cal.label()}: sum of squared log errors {value:.4f}", flush=True)
 
-    measure = Measure(num_steps=args.steps or 8, warmup_steps=args.warmup_steps)
+    measure = Measure(num_steps=args.steps or STEADY.num_steps, warmup_steps=args.warmup_steps)
     start = dataclasses.replace(CALIBRATED, **dict(args.start))
     print(f"each bar: {measure.num_steps}-step runs, the first {measure.warmup_steps} steps not counted; fitting "
           f"{', '.join(args.constants)} from {'the adopted set' if start == CALIBRATED else 'the given start'} "

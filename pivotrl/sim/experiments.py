@@ -28,6 +28,7 @@ from pivotrl.sim import paper, plots
 from pivotrl.sim.ablations import fig11, fig14, floor, migration, reprefill
 from pivotrl.sim.config import SCENARIOS, DeploymentConfig, Scenario, SimConfig
 from pivotrl.sim.calibrate import BOUNDS as CALIBRATION_BOUNDS
+from pivotrl.sim.calibrate import STEADY as CALIBRATION_STEADY
 from pivotrl.sim.calibrate import parse_value
 from pivotrl.sim.evidence import FIDELITY_ALLOCATIONS, calibrate, fidelity
 from pivotrl.sim.fluid import fluid_bound
@@ -269,9 +270,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "only")
     parser.add_argument("--runs", type=Path, default=None, help="fidelity: real run folders to hold the simulator "
                         "to (e.g. benchmarks/e2e.py --tuned --keep DIR run.write_sequences=true); default: run them")
-    parser.add_argument("--devices", type=at_least(1), nargs="+", default=[4, 8], help="fidelity: emulated device counts")
-    parser.add_argument("--repeats", type=at_least(1), default=1, help="fidelity: real runs of each allocation (in rounds); "
-                        "a row's measured and simulated tok/s are the medians over its runs")
+    parser.add_argument("--devices", type=at_least(1), nargs="+", default=[4, 8],
+                        help="fidelity: emulated device counts")
+    parser.add_argument("--repeats", type=at_least(1), default=1,
+                        help="fidelity: real runs of each allocation (in rounds); a row's measured and simulated tok/s "
+                        "are the medians over its runs")
     parser.add_argument("--evaluations", type=at_least(1), default=60, help="calibrate: most objective evaluations "
                         "(each simulates the twelve baseline bars)")
     parser.add_argument("--warmup-steps", type=at_least(0), default=2, help="calibrate: steps of each run not counted "
@@ -283,9 +286,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--allocations", nargs="+", default=list(FIDELITY_ALLOCATIONS),
                         help="fidelity: e2e allocation labels to measure")
     args = parser.parse_args(argv)
-    if args.name == "calibrate" and args.warmup_steps >= (args.steps or 8):
-        parser.error(f"--warmup-steps must be below the steps of a run (--steps, calibrate's default 8), got "
-                     f"{args.warmup_steps} of {args.steps or 8}")
+    run_steps = args.steps or CALIBRATION_STEADY.num_steps
+    if args.name == "calibrate" and args.warmup_steps >= run_steps:
+        parser.error(f"--warmup-steps must be below the steps of a run (--steps, calibrate's default "
+                     f"{CALIBRATION_STEADY.num_steps}), got {args.warmup_steps} of {run_steps}")
     args.out.mkdir(parents=True, exist_ok=True)
     before = {p: p.stat().st_mtime_ns for p in args.out.glob("*.png")}
     data = EXPERIMENTS[args.name](args)
